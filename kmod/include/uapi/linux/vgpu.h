@@ -1,0 +1,260 @@
+/* SPDX-License-Identifier: GPL-2.0 WITH Linux-syscall-note */
+/*
+ * vgpu: the contract between the vgpu kernel module and the vgpud daemon.
+ *
+ * The module exposes emulated NVIDIA device files under /dev/vgpu/ and
+ * forwards their calls to a backing driver. Calls selected by a filter that
+ * the daemon installs are first sent to the daemon as an UPCALL over the
+ * generic netlink family VGPU_GENL_NAME; the caller sleeps until the daemon
+ * answers with a VERDICT, or until the upcall times out.
+ *
+ * Every structure below has fixed-width fields, explicit padding and a size
+ * pinned by tests on both sides (kmod BUILD_BUG_ON, tests/unit). Reserved
+ * fields are zero when sent and must be zero when received.
+ *
+ * Changelog (VGPU_PROTO_VERSION):
+ *   1: initial protocol.
+ *
+ * The protocol is append-only: new commands, attributes and enum values are
+ * added at the end; existing layouts never change.
+ */
+#ifndef _UAPI_LINUX_VGPU_H
+#define _UAPI_LINUX_VGPU_H
+
+#include <linux/types.h>
+
+#define VGPU_GENL_NAME		"vgpu"
+#define VGPU_GENL_VERSION	1
+#define VGPU_PROTO_VERSION	1
+
+/* Kinds of emulated node. A rule's node_mask is a set of (1 << node). */
+enum vgpu_node {
+	VGPU_NODE_CTL = 0,	/* /dev/vgpu/nvidiactl */
+	VGPU_NODE_GPU = 1,	/* /dev/vgpu/nvidiaN */
+	VGPU_NODE_UVM = 2,	/* /dev/vgpu/nvidia-uvm */
+};
+
+/* Offsets that are absent in a rule. */
+#define VGPU_OFF_NONE		0xffffffffU
+/* Most values one rule matches (control command ids or object classes). */
+#define VGPU_RULE_MATCH_MAX	32
+/* Most rules in one filter. */
+#define VGPU_RULES_MAX		32
+/* Largest params block the module copies for an upcall (NVIDIA's cap). */
+#define VGPU_PARAMS_MAX		16384
+
+/**
+ * struct vgpu_rule - one selector of the slow path
+ * @node_mask: nodes it applies to, bits (1 << enum vgpu_node)
+ * @nr: escape number after IOCTL_XFER_CMD unwrapping; on the UVM node the
+ *	plain command number
+ * @size: exact params size this rule applies to; 0 for any size
+ * @match_off: offset in params of a u32 key (object class, control command);
+ *	VGPU_OFF_NONE selects every call with this nr and size
+ * @ptr_off: offset in params of a u64 user pointer whose buffer is copied
+ *	into the upcall (VGPU_A_DATA); VGPU_OFF_NONE for none
+ * @len_off: offset in params of the u32 byte length of that buffer
+ * @n_match: number of valid entries in @match
+ * @flags: reserved, must be 0
+ * @match: keys that select the slow path
+ */
+struct vgpu_rule {
+	__u32 node_mask;
+	__u32 nr;
+	__u32 size;
+	__u32 match_off;
+	__u32 ptr_off;
+	__u32 len_off;
+	__u32 n_match;
+	__u32 flags;
+	__u32 match[VGPU_RULE_MATCH_MAX];
+};
+
+/* VGPU_A_FILTER_FLAGS */
+#define VGPU_FILTER_OPEN	(1U << 0)	/* upcall every open for a verdict */
+
+/* enum vgpu_upcall_kind - what an upcall asks the daemon */
+enum vgpu_upcall_kind {
+	VGPU_UPCALL_OPEN = 1,	/* may this opener open the node? */
+	VGPU_UPCALL_IOCTL = 2,	/* may this call go to the driver? */
+};
+
+/* struct vgpu_upcall flags */
+#define VGPU_UPCALL_F_XFER	(1U << 0) /* came wrapped in IOCTL_XFER_CMD */
+#define VGPU_UPCALL_F_DATA_FAULT (1U << 1) /* rule's pointer could not be read */
+#define VGPU_UPCALL_F_DATA_BIG	(1U << 2) /* rule's length over VGPU_PARAMS_MAX */
+
+/**
+ * struct vgpu_upcall - header of an upcall (VGPU_A_UPCALL)
+ * @id: unique id, echoed in the verdict
+ * @ctx_id: the emulated file (one per open), unique while the module lives
+ * @cgroup_id: cgroup v2 id of the opener, at open
+ * @kind: enum vgpu_upcall_kind
+ * @node: enum vgpu_node
+ * @minor: GPU index for VGPU_NODE_GPU, else 0
+ * @cmd: the ioctl command word as issued (0 for OPEN)
+ * @nr: escape number after unwrapping (UVM: the command)
+ * @flags: VGPU_UPCALL_F_*
+ * @pid: opener's thread id, at open (init pid namespace)
+ * @tgid: opener's process id, at open
+ * @uid: opener's fsuid, at open (init user namespace)
+ * @gid: opener's fsgid, at open
+ * @caller_pid: calling thread (init pid namespace)
+ * @caller_tgid: calling process
+ * @reserved: zero
+ *
+ * An IOCTL upcall carries the params block (VGPU_A_PARAMS) and, when the
+ * matching rule names a pointer, the buffer it points to (VGPU_A_DATA). An
+ * OPEN upcall carries the opener's cgroup v2 path (VGPU_A_CGROUP).
+ */
+struct vgpu_upcall {
+	__u64 id;
+	__u64 ctx_id;
+	__u64 cgroup_id;
+	__u32 kind;
+	__u32 node;
+	__u32 minor;
+	__u32 cmd;
+	__u32 nr;
+	__u32 flags;
+	__u32 pid;
+	__u32 tgid;
+	__u32 uid;
+	__u32 gid;
+	__u32 caller_pid;
+	__u32 caller_tgid;
+	__u32 reserved[2];
+};
+
+/* enum vgpu_verdict_action - the daemon's answer */
+enum vgpu_verdict_action {
+	VGPU_VERDICT_ALLOW = 1,		/* forward to the driver */
+	VGPU_VERDICT_DENY = 2,		/* fail the call with -error */
+	VGPU_VERDICT_FAIL_STATUS = 3,	/* write status at status_off, return 0 */
+};
+
+/**
+ * struct vgpu_verdict - the daemon's answer to one upcall (VGPU_A_VERDICT)
+ * @id: the upcall's id
+ * @action: enum vgpu_verdict_action
+ * @error: DENY: a positive errno (1..4095); else 0
+ * @status: FAIL_STATUS: the NVIDIA status written into the caller's params
+ * @status_off: FAIL_STATUS: its offset; status_off + 4 <= params size
+ *
+ * A verdict that does not fit its upcall is refused (-EINVAL) and changes
+ * nothing; a verdict for an upcall that has completed is refused (-ENOENT).
+ */
+struct vgpu_verdict {
+	__u64 id;
+	__u32 action;
+	__u32 error;
+	__u32 status;
+	__u32 status_off;
+};
+
+/* enum vgpu_event_kind - notifications that need no answer */
+enum vgpu_event_kind {
+	VGPU_EVENT_POST = 1,	/* an allowed slow-path call returned */
+	VGPU_EVENT_CLOSE = 2,	/* the last reference to a context is gone */
+};
+
+/**
+ * struct vgpu_event - header of an event (VGPU_A_EVENT)
+ * @ctx_id: the context
+ * @upcall_id: POST: the upcall it follows; else 0
+ * @kind: enum vgpu_event_kind
+ * @nr: POST: the escape number
+ * @ret: POST: the driver's return value
+ * @reserved: zero
+ *
+ * A POST event carries the params after the call (VGPU_A_PARAMS) and the
+ * rule's buffer after the call (VGPU_A_DATA) when it could be read.
+ */
+struct vgpu_event {
+	__u64 ctx_id;
+	__u64 upcall_id;
+	__u32 kind;
+	__u32 nr;
+	__s32 ret;
+	__u32 reserved;
+};
+
+/**
+ * struct vgpu_stats - module counters (VGPU_A_STATS), monotonic
+ * @version: VGPU_PROTO_VERSION of the module
+ * @daemon_portid: netlink port of the registered daemon, 0 when none
+ * @contexts: emulated files open now
+ * @opens: successful opens
+ * @ioctls: ioctl calls
+ * @upcalls: upcalls sent
+ * @verdicts: verdicts applied
+ * @timeouts: upcalls that got no verdict in time
+ * @lost: upcalls that could not be sent, and late or unknown verdicts
+ * @fail_open: calls forwarded by the fail-open policy
+ * @fail_closed: calls refused by the fail-closed policy
+ * @killed: callers killed while waiting
+ * @events: events sent
+ * @events_lost: events that could not be sent
+ * @bad_verdicts: verdicts refused as malformed
+ * @mmaps: mmap calls forwarded
+ */
+struct vgpu_stats {
+	__u32 version;
+	__u32 daemon_portid;
+	__u64 contexts;
+	__u64 opens;
+	__u64 ioctls;
+	__u64 upcalls;
+	__u64 verdicts;
+	__u64 timeouts;
+	__u64 lost;
+	__u64 fail_open;
+	__u64 fail_closed;
+	__u64 killed;
+	__u64 events;
+	__u64 events_lost;
+	__u64 bad_verdicts;
+	__u64 mmaps;
+};
+
+/* enum vgpu_cmd - generic netlink commands of the family */
+enum vgpu_cmd {
+	VGPU_CMD_UNSPEC,
+	/* daemon -> kernel: VERSION; becomes the responder (EBUSY if taken) */
+	VGPU_CMD_REGISTER,
+	/* daemon -> kernel: FILTER_FLAGS, RULES (replaces the whole filter) */
+	VGPU_CMD_SET_FILTER,
+	/* daemon -> kernel; reply carries STATS */
+	VGPU_CMD_GET_STATS,
+	/* kernel -> daemon: UPCALL, PARAMS, DATA, CGROUP */
+	VGPU_CMD_UPCALL,
+	/* daemon -> kernel: VERDICT */
+	VGPU_CMD_VERDICT,
+	/* kernel -> daemon: EVENT, PARAMS, DATA */
+	VGPU_CMD_EVENT,
+	/* daemon -> kernel: stops being the responder */
+	VGPU_CMD_UNREGISTER,
+
+	__VGPU_CMD_MAX,
+};
+#define VGPU_CMD_MAX (__VGPU_CMD_MAX - 1)
+
+/* enum vgpu_attr - attributes; binary ones hold the structs above */
+enum vgpu_attr {
+	VGPU_A_UNSPEC,
+	VGPU_A_VERSION,		/* u32 */
+	VGPU_A_FILTER_FLAGS,	/* u32, VGPU_FILTER_* */
+	VGPU_A_RULES,		/* array of struct vgpu_rule */
+	VGPU_A_STATS,		/* struct vgpu_stats */
+	VGPU_A_UPCALL,		/* struct vgpu_upcall */
+	VGPU_A_PARAMS,		/* binary, the ioctl params block */
+	VGPU_A_DATA,		/* binary, the buffer a rule points to */
+	VGPU_A_CGROUP,		/* string, cgroup v2 path of the opener */
+	VGPU_A_VERDICT,		/* struct vgpu_verdict */
+	VGPU_A_EVENT,		/* struct vgpu_event */
+
+	__VGPU_A_MAX,
+};
+#define VGPU_A_MAX (__VGPU_A_MAX - 1)
+
+#endif /* _UAPI_LINUX_VGPU_H */
