@@ -237,6 +237,7 @@ enum vgpu_cmd {
 
 	__VGPU_CMD_MAX,
 };
+
 #define VGPU_CMD_MAX (__VGPU_CMD_MAX - 1)
 
 /* enum vgpu_attr - attributes; binary ones hold the structs above */
@@ -255,6 +256,7 @@ enum vgpu_attr {
 
 	__VGPU_A_MAX,
 };
+
 #define VGPU_A_MAX (__VGPU_A_MAX - 1)
 
 #endif /* _UAPI_LINUX_VGPU_H */
