@@ -1,0 +1,156 @@
+"""The kernel's side of the vgpu family, for host tests.
+
+Builds messages byte for byte as the module would (nlmsghdr + genlmsghdr +
+attributes padded to 4 bytes) and plays the module on one end of a
+socketpair(AF_UNIX, SOCK_DGRAM) that stands in for the netlink socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from dataclasses import dataclass, field
+
+from vgpud.kernel import uapi
+from vgpud.kernel.uapi import Attr, Cmd, Filter, Rule, Stats
+
+FAMILY = 0x1F
+NLMSG_HDR = struct.Struct("=IHHII")
+NLMSG_ERROR = 2
+
+
+def attr(kind: int, payload: bytes) -> bytes:
+    pad = (-len(payload)) % 4
+    return struct.pack("=HH", 4 + len(payload), kind) + payload + b"\0" * pad
+
+
+def nlmsg(nl_type: int, payload: bytes, *, flags: int = 0, seq: int = 0, pid: int = 0) -> bytes:
+    return NLMSG_HDR.pack(16 + len(payload), nl_type, flags, seq, pid) + payload
+
+
+def genl(cmd: int, *attrs: bytes, family: int = FAMILY, seq: int = 0) -> bytes:
+    return nlmsg(family, struct.pack("=BBH", cmd, 1, 0) + b"".join(attrs), seq=seq)
+
+
+def upcall_struct(**kw: int) -> bytes:
+    fields = dict(id=1, ctx_id=7, cgroup_id=0x100, kind=uapi.UpcallKind.IOCTL,
+                  node=uapi.Node.CTL, minor=0, cmd=0, nr=0, flags=0, pid=100, tgid=100,
+                  uid=1000, gid=1000, caller_pid=101, caller_tgid=100)
+    fields.update(kw)
+    reserved = kw.get("reserved", (0, 0))
+    values = [fields[name] for name in uapi.UPCALL.offsets if name != "reserved"]
+    return uapi.UPCALL.struct.pack(*values, *reserved)
+
+
+def upcall_msg(params: bytes = b"", data: bytes | None = None, cgroup: str | None = None,
+               **kw: int) -> bytes:
+    attrs = [attr(Attr.UPCALL, upcall_struct(**kw))]
+    if kw.get("kind", uapi.UpcallKind.IOCTL) == uapi.UpcallKind.IOCTL:
+        attrs.append(attr(Attr.PARAMS, params))
+    if data is not None:
+        attrs.append(attr(Attr.DATA, data))
+    if cgroup is not None:
+        attrs.append(attr(Attr.CGROUP, cgroup.encode() + b"\0"))
+    return genl(Cmd.UPCALL, *attrs)
+
+
+def post_event_msg(ctx_id: int, upcall_id: int, nr: int, ret: int, params: bytes,
+                   data: bytes | None = None) -> bytes:
+    head = uapi.EVENT.struct.pack(ctx_id, upcall_id, uapi.EventKind.POST, nr, ret, 0)
+    attrs = [attr(Attr.EVENT, head), attr(Attr.PARAMS, params)]
+    if data is not None:
+        attrs.append(attr(Attr.DATA, data))
+    return genl(Cmd.EVENT, *attrs)
+
+
+def close_event_msg(ctx_id: int) -> bytes:
+    head = uapi.EVENT.struct.pack(ctx_id, 0, uapi.EventKind.CLOSE, 0, 0, 0)
+    return genl(Cmd.EVENT, attr(Attr.EVENT, head))
+
+
+def ack_msg(request: bytes, err: int = 0) -> bytes:
+    """NLMSG_ERROR for ``request``: the header only on success, all of it on error."""
+    _len, _type, _flags, seq, _pid = NLMSG_HDR.unpack_from(request)
+    echoed = request[:16] if err == 0 else request
+    return nlmsg(NLMSG_ERROR, struct.pack("=i", -err) + echoed,
+                 flags=0x100 if err == 0 else 0, seq=seq)
+
+
+def stats_msg(seq: int, stats: Stats) -> bytes:
+    values = [getattr(stats, n) for n in uapi.STATS.offsets]
+    return genl(Cmd.GET_STATS, attr(Attr.STATS, uapi.STATS.struct.pack(*values)), seq=seq)
+
+
+def make_stats(**kw: int) -> Stats:
+    values = dict.fromkeys(uapi.STATS.offsets, 0) | {"version": 1} | kw
+    return Stats(**values)
+
+
+def parse_request(buf: bytes) -> tuple[int, int, int, dict[int, bytes]]:
+    """(seq, flags, cmd, attrs) of one daemon request."""
+    length, nl_type, flags, seq, _pid = NLMSG_HDR.unpack_from(buf)
+    assert nl_type == FAMILY and length == len(buf)
+    cmd, _version, reserved = struct.unpack_from("=BBH", buf, 16)
+    assert reserved == 0
+    attrs, off = {}, 20
+    while off < length:
+        alen, kind = struct.unpack_from("=HH", buf, off)
+        attrs[kind] = buf[off + 4 : off + alen]
+        off += (alen + 3) & ~3
+    return seq, flags, cmd, attrs
+
+
+def parse_filter(attrs: dict[int, bytes]) -> Filter:
+    raw = attrs[Attr.RULES]
+    rules = tuple(Rule.unpack(raw[i : i + uapi.RULE.size])
+                  for i in range(0, len(raw), uapi.RULE.size))
+    return Filter(struct.unpack("=I", attrs[Attr.FILTER_FLAGS])[0], rules)
+
+
+@dataclass
+class FakeKernel:
+    """Answers control requests and records verdicts, on the event loop."""
+
+    sock: socket.socket
+    errors: dict[int, int] = field(default_factory=dict)  # cmd -> errno to answer
+    silent: set[int] = field(default_factory=set)  # cmds left unanswered
+    stats: Stats = field(default_factory=make_stats)
+    requests: list[int] = field(default_factory=list)
+    filters: list[Filter] = field(default_factory=list)
+    verdicts: asyncio.Queue = field(default_factory=asyncio.Queue)
+    late: bool = False  # answer every verdict with -ENOENT
+
+    def start(self) -> None:
+        self.sock.setblocking(False)
+        asyncio.get_running_loop().add_reader(self.sock.fileno(), self._on_readable)
+
+    def stop(self) -> None:
+        asyncio.get_running_loop().remove_reader(self.sock.fileno())
+        self.sock.close()
+
+    def send(self, msg: bytes) -> None:
+        self.sock.send(msg)
+
+    def _on_readable(self) -> None:
+        try:
+            buf = self.sock.recv(1 << 16)
+        except BlockingIOError:
+            return
+        seq, _flags, cmd, attrs = parse_request(buf)
+        if cmd == Cmd.VERDICT:
+            self.verdicts.put_nowait(uapi.VERDICT.struct.unpack(attrs[Attr.VERDICT]))
+            if self.late:
+                self.send(ack_msg(buf, 2))
+            return
+        self.requests.append(cmd)
+        if cmd in self.silent:
+            return
+        if cmd in self.errors:
+            self.send(ack_msg(buf, self.errors[cmd]))
+            return
+        if cmd == Cmd.SET_FILTER:
+            self.filters.append(parse_filter(attrs))
+        if cmd == Cmd.GET_STATS:
+            self.send(stats_msg(seq, self.stats))
+        self.send(ack_msg(buf))

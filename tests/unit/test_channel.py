@@ -1,0 +1,205 @@
+"""The channel against a fake kernel on a socketpair(AF_UNIX, SOCK_DGRAM),
+and the real netlink family lookup (this host has no vgpu module)."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import socket
+
+import pytest
+from fakekernel import (
+    FAMILY,
+    FakeKernel,
+    close_event_msg,
+    genl,
+    make_stats,
+    post_event_msg,
+    upcall_msg,
+)
+
+from vgpud.daemon import Dispatcher
+from vgpud.kernel import channel as ch
+from vgpud.kernel.uapi import Cmd, Filter, VerdictAction
+from vgpud.nvidia import layouts as L
+from vgpud.policy import DenyClasses
+
+ALLOC21 = L.NVOS21.struct.pack(1, 2, 3, 0x40, 0, 0, 0)
+
+
+class Recorder(Dispatcher):
+    def __init__(self) -> None:
+        super().__init__(DenyClasses({0x40}))
+        self.events: list = []
+
+    def on_event(self, event) -> None:
+        super().on_event(event)
+        self.events.append(event)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 10))
+
+
+async def pair(handler=None, **fake):
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    kernel = FakeKernel(theirs, **fake)
+    kernel.start()
+    channel = ch.GenlChannel(ours, FAMILY, handler)
+    channel.start()
+    return channel, kernel
+
+
+def test_register_filter_stats_unregister() -> None:
+    async def main():
+        channel, kernel = await pair(stats=make_stats(upcalls=3))
+        await channel.register()
+        await channel.set_filter(DenyClasses({0x40}).filter())
+        stats = await channel.get_stats()
+        await channel.unregister()
+        assert kernel.requests == [Cmd.REGISTER, Cmd.SET_FILTER, Cmd.GET_STATS, Cmd.UNREGISTER]
+        assert kernel.filters == [DenyClasses({0x40}).filter()]
+        assert stats.upcalls == 3
+        channel.close()
+        kernel.stop()
+
+    run(main())
+
+
+@pytest.mark.parametrize(("err", "exc", "text"), [
+    (errno.EBUSY, ch.AlreadyRegistered, "another vgpud is registered"),
+    (errno.EPERM, ch.NotPermitted, "CAP_NET_ADMIN"),
+    (errno.EPROTONOSUPPORT, ch.ProtocolMismatch, "module speaks protocol v2, daemon v1"),
+    (errno.EINVAL, ch.RequestFailed, "register failed: Invalid argument"),
+])
+def test_register_errors(err: int, exc: type, text: str) -> None:
+    async def main():
+        channel, kernel = await pair(errors={Cmd.REGISTER: err}, stats=make_stats(version=2))
+        with pytest.raises(exc, match=text):
+            await channel.register()
+        channel.close()
+        kernel.stop()
+
+    run(main())
+
+
+def test_request_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ch, "REQUEST_TIMEOUT", 0.05)
+
+    async def main():
+        channel, kernel = await pair(silent={Cmd.REGISTER})
+        with pytest.raises(ch.ChannelError, match="no answer"):
+            await channel.register()
+        channel.close()
+        kernel.stop()
+
+    run(main())
+
+
+def test_upcalls_get_verdicts_and_events_reach_the_handler() -> None:
+    async def main():
+        handler = Recorder()
+        channel, kernel = await pair(handler)
+        kernel.send(upcall_msg(ALLOC21, id=11, nr=0x2B))
+        assert await kernel.verdicts.get() == (11, VerdictAction.FAIL_STATUS, 0, 0x51, 28)
+        kernel.send(post_event_msg(7, 11, 0x2B, 0, ALLOC21) + close_event_msg(7))
+        kernel.send(upcall_msg(b"\0" * 16, id=12, nr=0x29))
+        assert await kernel.verdicts.get() == (12, VerdictAction.ALLOW, 0, 0, 0)
+        assert [type(e).__name__ for e in handler.events] == ["PostEvent", "CloseEvent"]
+        assert channel.stats.verdicts_sent == 2
+        channel.close()
+        kernel.stop()
+
+    run(main())
+
+
+def test_malformed_upcall_is_answered_when_its_id_is_readable() -> None:
+    async def main():
+        handler = Recorder()
+        channel, kernel = await pair(handler)
+        kernel.send(genl(Cmd.UPCALL, b"\x02\0"))  # unreadable: no answer
+        kernel.send(upcall_msg(ALLOC21, id=13, kind=7))
+        assert await kernel.verdicts.get() == (13, VerdictAction.DENY, errno.EPROTO, 0, 0)
+        assert (handler.counters.malformed, handler.counters.unanswered) == (2, 1)
+        channel.close()
+        kernel.stop()
+
+    run(main())
+
+
+def test_refused_verdicts_are_counted_not_fatal() -> None:
+    async def main():
+        channel, kernel = await pair(Recorder(), late=True)
+        kernel.send(upcall_msg(ALLOC21, id=14))
+        await kernel.verdicts.get()
+        for _ in range(50):
+            if channel.stats.refused_verdicts:
+                break
+            await asyncio.sleep(0.01)
+        assert channel.stats.refused_verdicts == 1
+        kernel.send(upcall_msg(ALLOC21, id=15))
+        assert (await kernel.verdicts.get())[0] == 15
+        channel.close()
+        kernel.stop()
+
+    run(main())
+
+
+class OverrunOnce:
+    """A socket whose first recv fails with ENOBUFS, as netlink does on overrun."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._overrun = True
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+    def recv(self, size: int) -> bytes:
+        if self._overrun:
+            self._overrun = False
+            raise OSError(errno.ENOBUFS, "No buffer space available")
+        return self._sock.recv(size)
+
+
+def test_enobufs_is_counted_and_reading_goes_on() -> None:
+    async def main():
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        kernel = FakeKernel(theirs)
+        kernel.start()
+        channel = ch.GenlChannel(OverrunOnce(ours), FAMILY, Recorder())
+        channel.start()
+        kernel.send(upcall_msg(ALLOC21, id=16))
+        assert (await kernel.verdicts.get())[0] == 16
+        assert channel.stats.enobufs == 1
+        channel.close()
+        kernel.stop()
+
+    run(main())
+
+
+def test_peer_gone_closes_the_channel_and_fails_requests() -> None:
+    async def main():
+        channel, kernel = await pair(silent={Cmd.REGISTER})
+        task = asyncio.create_task(channel.register())
+        await asyncio.sleep(0.01)
+        kernel.send(b"")
+        await channel.wait_closed()
+        with pytest.raises(ch.ChannelError, match="channel closed"):
+            await task
+        with pytest.raises(ch.ChannelError, match="not running"):
+            await channel.set_filter(Filter())
+        channel.close()
+        kernel.stop()
+
+    run(main())
+
+
+def test_real_netlink_family_missing() -> None:
+    with pytest.raises(ch.FamilyNotFound,
+                       match=r"generic netlink family 'vgpu' not found: is vgpu.ko loaded\?"):
+        run(ch.GenlChannel.open())
+
+
+def test_real_netlink_family_lookup_works() -> None:
+    assert run(ch.resolve_family("nlctrl")) == 0x10

@@ -1,0 +1,267 @@
+"""Codec: kernel-built messages decode to typed requests; malformed ones to DecodeError."""
+
+from __future__ import annotations
+
+import errno
+import struct
+
+import pytest
+from fakekernel import (
+    FAMILY,
+    ack_msg,
+    attr,
+    close_event_msg,
+    genl,
+    make_stats,
+    nlmsg,
+    parse_filter,
+    parse_request,
+    post_event_msg,
+    stats_msg,
+    upcall_msg,
+    upcall_struct,
+)
+from hypothesis import given
+from hypothesis import strategies as st
+
+from vgpud.kernel import codec, uapi
+from vgpud.kernel.codec import CloseEvent, DecodeError, NlAck, PostEvent, Reply, Upcall
+from vgpud.kernel.uapi import Attr, Cmd, Filter, Node, UpcallKind, Verdict, VerdictAction
+from vgpud.nvidia.rules import rm_alloc_classes, rm_control_cmds
+
+NVOS21 = struct.pack("=IIIIQII", 1, 2, 3, 0x40, 0x7F0000, 128, 0)
+UPCALL_ATTR = attr(Attr.UPCALL, upcall_struct(id=5))
+
+
+def decode_one(buf: bytes):
+    (msg,) = codec.decode_datagram(buf, FAMILY)
+    return msg
+
+
+def test_ioctl_upcall() -> None:
+    msg = decode_one(upcall_msg(NVOS21, data=b"\1" * 128, id=42, ctx_id=9, nr=0x2B,
+                                cmd=0xC020462B, node=Node.CTL, flags=uapi.UPCALL_F_XFER))
+    assert type(msg) is Upcall
+    assert (msg.id, msg.ctx_id, msg.kind, msg.node, msg.nr, msg.cmd) == (
+        42, 9, UpcallKind.IOCTL, Node.CTL, 0x2B, 0xC020462B)
+    assert msg.flags == uapi.UPCALL_F_XFER
+    assert msg.params == NVOS21 and msg.data == b"\1" * 128
+    assert msg.opener == codec.Opener(100, 100, 1000, 1000, 0x100, None)
+    assert (msg.caller_pid, msg.caller_tgid) == (101, 100)
+
+
+def test_open_upcall_carries_cgroup() -> None:
+    msg = decode_one(upcall_msg(cgroup="/kubepods/pod1", kind=UpcallKind.OPEN, node=Node.GPU,
+                                minor=3, uid=0))
+    assert msg.kind is UpcallKind.OPEN and msg.node is Node.GPU and msg.minor == 3
+    assert msg.opener.cgroup == "/kubepods/pod1" and msg.opener.uid == 0
+    assert msg.params == b"" and msg.data is None
+
+
+def test_events() -> None:
+    post = decode_one(post_event_msg(9, 42, 0x2B, -22, NVOS21, b"x"))
+    assert post == PostEvent(9, 42, 0x2B, -22, NVOS21, b"x")
+    assert decode_one(close_event_msg(9)) == CloseEvent(9)
+
+
+def test_params_may_be_absent() -> None:
+    assert decode_one(genl(Cmd.UPCALL, UPCALL_ATTR)).params == b""
+    post = genl(Cmd.EVENT, attr(Attr.EVENT, uapi.EVENT.struct.pack(1, 2, 1, 0, 0, 0)))
+    assert decode_one(post) == PostEvent(1, 2, 0, 0, b"", None)
+
+
+def test_several_messages_in_one_datagram() -> None:
+    buf = upcall_msg(NVOS21, id=1) + close_event_msg(2) + upcall_msg(NVOS21, id=3)
+    assert [type(m) for m in codec.decode_datagram(buf, FAMILY)] == [Upcall, CloseEvent, Upcall]
+
+
+def test_ack_and_error() -> None:
+    request = codec.encode_register(FAMILY, 5)
+    assert decode_one(ack_msg(request)) == NlAck(5, 0, FAMILY, b"", None)
+    err = decode_one(ack_msg(request, errno.EBUSY))
+    assert (err.seq, err.errno, err.request_type) == (5, errno.EBUSY, FAMILY)
+    assert err.request == request[16:] and err.upcall_id() is None
+
+
+def test_refused_verdict_names_its_upcall() -> None:
+    verdict = codec.VerdictEncoder(FAMILY).encode(77, uapi.ALLOW)
+    err = decode_one(ack_msg(verdict, errno.ENOENT))
+    assert err.errno == errno.ENOENT and err.upcall_id() == 77
+
+
+def test_extended_ack_message() -> None:
+    request = codec.encode_register(FAMILY, 5)
+    tlv = attr(1, b"bad version\0")
+    buf = nlmsg(2, struct.pack("=i", -errno.EINVAL) + request + tlv, flags=0x200, seq=5)
+    assert decode_one(buf).message == "bad version"
+
+
+def test_stats_reply() -> None:
+    stats = make_stats(upcalls=5, daemon_portid=1234, mmaps=2**63)
+    reply = decode_one(stats_msg(8, stats))
+    assert type(reply) is Reply and reply.seq == 8
+    assert codec.decode_stats(reply) == stats
+
+
+def test_verdict_encoding_is_what_the_kernel_parses() -> None:
+    enc = codec.VerdictEncoder(FAMILY)
+    buf = enc.encode(2**64 - 1, Verdict.fail_status(0x51, 28))
+    assert len(buf) == 48
+    seq, flags, cmd, attrs = parse_request(buf)
+    assert (seq, flags, cmd) == (0, codec.NLM_F_REQUEST, Cmd.VERDICT)
+    assert uapi.VERDICT.struct.unpack(attrs[Attr.VERDICT]) == (
+        2**64 - 1, VerdictAction.FAIL_STATUS, 0, 0x51, 28)
+    _, _, _, attrs = parse_request(enc.encode(1, Verdict.deny(errno.EPERM)))
+    assert uapi.VERDICT.struct.unpack(attrs[Attr.VERDICT]) == (1, 2, errno.EPERM, 0, 0)
+
+
+def test_requests() -> None:
+    seq, flags, cmd, attrs = parse_request(codec.encode_register(FAMILY, 3))
+    assert (seq, flags, cmd) == (3, codec.NLM_F_REQUEST | codec.NLM_F_ACK, Cmd.REGISTER)
+    assert attrs == {Attr.VERSION: struct.pack("=I", uapi.PROTO_VERSION)}
+    filt = Filter(uapi.FILTER_OPEN, (*rm_alloc_classes([0x40]), rm_control_cmds([0xA06C0101])))
+    _, _, cmd, attrs = parse_request(codec.encode_set_filter(FAMILY, 4, filt))
+    assert cmd == Cmd.SET_FILTER and len(attrs[Attr.RULES]) == 3 * uapi.RULE.size
+    assert parse_filter(attrs) == filt
+    _, _, _, attrs = parse_request(codec.encode_set_filter(FAMILY, 4, Filter()))
+    assert attrs[Attr.RULES] == b""
+    assert parse_request(codec.encode_get_stats(FAMILY, 6))[2:] == (Cmd.GET_STATS, {})
+    assert parse_request(codec.encode_unregister(FAMILY, 7))[2:] == (Cmd.UNREGISTER, {})
+
+
+# -- malformed input ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("buf", "upcall_id"),
+    [
+        pytest.param(genl(Cmd.UPCALL), None, id="no-upcall-attr"),
+        pytest.param(genl(Cmd.UPCALL, attr(Attr.UPCALL, upcall_struct(id=5)[:40])), 5,
+                     id="short-upcall-attr"),
+        pytest.param(genl(Cmd.UPCALL, UPCALL_ATTR, attr(Attr.CGROUP, b"/\0")), 5,
+                     id="cgroup-on-ioctl"),
+        pytest.param(genl(Cmd.UPCALL, UPCALL_ATTR, attr(Attr.PARAMS, b""), attr(11, b"")), 5,
+                     id="unknown-attr"),
+        pytest.param(genl(Cmd.UPCALL, UPCALL_ATTR, attr(Attr.PARAMS, b""),
+                          attr(Attr.PARAMS, b"")), 5, id="duplicate-attr"),
+        pytest.param(genl(Cmd.UPCALL, UPCALL_ATTR, attr(Attr.STATS, b"")), 5,
+                     id="attr-of-another-command"),
+        pytest.param(genl(Cmd.UPCALL, attr(Attr.UPCALL, upcall_struct(id=6, kind=9))), 6,
+                     id="unknown-kind"),
+        pytest.param(genl(Cmd.UPCALL, attr(Attr.UPCALL, upcall_struct(id=6, node=3))), 6,
+                     id="unknown-node"),
+        pytest.param(genl(Cmd.UPCALL, attr(Attr.UPCALL, upcall_struct(id=6, reserved=(0, 1))),
+                          attr(Attr.PARAMS, b"")), 6, id="reserved-nonzero"),
+        pytest.param(genl(Cmd.UPCALL, UPCALL_ATTR + struct.pack("=HH", 40, Attr.PARAMS)), 5,
+                     id="attr-overruns-message"),
+        pytest.param(genl(Cmd.UPCALL, UPCALL_ATTR + b"\x02\x00"), 5, id="truncated-attr-header"),
+        pytest.param(genl(Cmd.UPCALL, struct.pack("=HH", 2, Attr.UPCALL)), None,
+                     id="attr-len-below-header"),
+    ],
+)
+def test_malformed_upcall(buf: bytes, upcall_id: int | None) -> None:
+    err = decode_one(buf)
+    assert isinstance(err, DecodeError) and err.upcall_id == upcall_id
+
+
+@pytest.mark.parametrize(
+    "buf",
+    [
+        pytest.param(genl(Cmd.EVENT), id="event-without-header"),
+        pytest.param(genl(Cmd.EVENT, attr(Attr.EVENT, uapi.EVENT.struct.pack(1, 0, 9, 0, 0, 0))),
+                     id="event-unknown-kind"),
+        pytest.param(genl(Cmd.EVENT, attr(Attr.EVENT, uapi.EVENT.struct.pack(1, 2, 1, 0, 0, 0)),
+                          attr(Attr.CGROUP, b"/\0")), id="post-with-cgroup"),
+        pytest.param(genl(Cmd.EVENT, attr(Attr.EVENT, uapi.EVENT.struct.pack(1, 0, 2, 0, 0, 5))),
+                     id="event-reserved"),
+        pytest.param(genl(99), id="unknown-command"),
+        pytest.param(nlmsg(FAMILY, b"\x04"), id="truncated-genl-header"),
+        pytest.param(nlmsg(0x30, b"\0" * 4), id="foreign-type"),
+        pytest.param(nlmsg(2, b"\0" * 8), id="truncated-error"),
+        pytest.param(nlmsg(2, struct.pack("=i", -1) + struct.pack("=IHHII", 99, 0, 0, 0, 0)),
+                     id="error-echo-overruns"),
+    ],
+)
+def test_malformed_other(buf: bytes) -> None:
+    assert isinstance(decode_one(buf), DecodeError)
+
+
+def test_framing_errors_end_the_datagram() -> None:
+    good = close_event_msg(1)
+    out = codec.decode_datagram(good + b"\x05\0\0\0", FAMILY)
+    assert out[0] == CloseEvent(1) and isinstance(out[1], DecodeError)
+    bad_len = struct.pack("=IHHII", 4, FAMILY, 0, 0, 0)
+    out = codec.decode_datagram(good + bad_len + good, FAMILY)
+    assert len(out) == 2 and isinstance(out[1], DecodeError)
+
+
+def test_noop_and_done_are_skipped() -> None:
+    assert codec.decode_datagram(nlmsg(1, b"") + nlmsg(3, b"\0" * 4), FAMILY) == []
+
+
+def test_decode_stats_rejects_other_replies() -> None:
+    with pytest.raises(DecodeError):
+        codec.decode_stats(Reply(1, Cmd.REGISTER, {}))
+
+
+def test_verdict_constructors_check_ranges() -> None:
+    with pytest.raises(ValueError):
+        Verdict.deny(0)
+    with pytest.raises(ValueError):
+        Verdict.deny(4096)
+    with pytest.raises(ValueError):
+        Verdict.fail_status(0x51, uapi.PARAMS_MAX)
+
+
+# -- properties -----------------------------------------------------------
+
+u32 = st.integers(0, 2**32 - 1)
+u64 = st.integers(0, 2**64 - 1)
+
+
+@given(id_=u64, ctx=u64, cg=u64, node=st.sampled_from(list(Node)), nr=u32, cmd=u32, pid=u32,
+       params=st.binary(max_size=512), data=st.none() | st.binary(max_size=512))
+def test_upcall_round_trip(id_, ctx, cg, node, nr, cmd, pid, params, data) -> None:
+    msg = decode_one(upcall_msg(params, data, id=id_, ctx_id=ctx, cgroup_id=cg, node=node,
+                                nr=nr, cmd=cmd, pid=pid))
+    assert (msg.id, msg.ctx_id, msg.opener.cgroup_id, msg.node, msg.nr, msg.cmd) == (
+        id_, ctx, cg, node, nr, cmd)
+    assert (msg.opener.pid, msg.params, msg.data) == (pid, params, data)
+
+
+@given(path=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"),
+                   max_size=200))
+def test_cgroup_round_trip(path: str) -> None:
+    msg = decode_one(upcall_msg(cgroup=path, kind=UpcallKind.OPEN))
+    assert msg.opener.cgroup == path
+
+
+@given(id_=u64, action=st.sampled_from(list(VerdictAction)), error=u32, status=u32, off=u32)
+def test_verdict_round_trip(id_, action, error, status, off) -> None:
+    _, _, _, attrs = parse_request(
+        codec.VerdictEncoder(FAMILY).encode(id_, Verdict(action, error, status, off)))
+    assert uapi.VERDICT.struct.unpack(attrs[Attr.VERDICT]) == (id_, action, error, status, off)
+
+
+@given(st.binary(max_size=400))
+def test_random_bytes_decode_to_values_only(buf: bytes) -> None:
+    for msg in codec.decode_datagram(buf, FAMILY):
+        assert isinstance(msg, Upcall | PostEvent | CloseEvent | Reply | NlAck | DecodeError)
+
+
+@given(st.binary(max_size=300))
+def test_random_attributes_after_a_valid_header(body: bytes) -> None:
+    buf = nlmsg(FAMILY, struct.pack("=BBH", Cmd.UPCALL, 1, 0) + body)
+    for msg in codec.decode_datagram(buf, FAMILY):
+        assert isinstance(msg, Upcall | DecodeError)
+
+
+@given(st.lists(st.tuples(st.sampled_from([0x2B, 0x2A]), st.lists(u32, min_size=1,
+                                                                   max_size=32)), max_size=10),
+       st.sampled_from([0, uapi.FILTER_OPEN]))
+def test_filter_round_trip(specs, flags) -> None:
+    rules: list[uapi.Rule] = []
+    for nr, keys in specs:
+        rules.extend(rm_alloc_classes(keys) if nr == 0x2B else [rm_control_cmds(keys)])
+    filt = Filter(flags, tuple(rules[: uapi.RULES_MAX]))
+    assert parse_filter(parse_request(codec.encode_set_filter(FAMILY, 1, filt))[3]) == filt

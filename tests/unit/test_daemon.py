@@ -1,0 +1,186 @@
+"""The daemon's lifecycle in a fake world: a fake kernel on a socketpair, a
+NOTIFY_SOCKET of our own, real signals; and the real entry point on this host,
+which has no vgpu module."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from fakekernel import FAMILY, FakeKernel, upcall_msg
+
+from vgpud import daemon
+from vgpud.daemon import Daemon, Dispatcher, Notifier, watchdog_interval
+from vgpud.kernel.channel import GenlChannel
+from vgpud.kernel.uapi import Cmd, VerdictAction
+from vgpud.nvidia import layouts as L
+from vgpud.policy import DenyClasses
+
+ALLOC21 = L.NVOS21.struct.pack(1, 2, 3, 0x40, 0, 0, 0)
+
+
+class World:
+    """A fake kernel and a notify socket for one daemon."""
+
+    def __init__(self, tmp_path: Path, **fake) -> None:
+        self.ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.kernel = FakeKernel(theirs, **fake)
+        self.notify_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.notify_path = str(tmp_path / "notify")
+        self.notify_sock.bind(self.notify_path)
+        self.notify_sock.setblocking(False)
+
+    async def open_channel(self, handler) -> GenlChannel:
+        self.kernel.start()
+        channel = GenlChannel(self.ours, FAMILY, handler)
+        channel.start()
+        return channel
+
+    def daemon(self) -> Daemon:
+        policy = DenyClasses({0x40})
+        return Daemon(Dispatcher(policy), policy.filter(), open_channel=self.open_channel,
+                      notifier=Notifier(self.notify_path))
+
+    async def notification(self) -> str:
+        loop = asyncio.get_running_loop()
+        return (await loop.sock_recv(self.notify_sock, 4096)).decode()
+
+    def close(self) -> None:
+        self.notify_sock.close()
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 20))
+
+
+def test_ready_serve_and_graceful_stop(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    world = World(tmp_path)
+
+    async def main():
+        serving = asyncio.create_task(world.daemon().serve())
+        assert await world.notification() == "READY=1\nSTATUS=serving upcalls"
+        assert "registered with vgpu module (protocol v1)" in caplog.messages
+        assert world.kernel.filters == [DenyClasses({0x40}).filter()]
+        world.kernel.send(upcall_msg(ALLOC21, id=5, nr=0x2B))
+        assert await world.kernel.verdicts.get() == (5, VerdictAction.FAIL_STATUS, 0, 0x51, 28)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert await world.notification() == "STOPPING=1"
+        assert await serving == 0
+        assert world.kernel.requests == [Cmd.REGISTER, Cmd.SET_FILTER, Cmd.GET_STATS,
+                                         Cmd.UNREGISTER]
+        assert len(world.kernel.filters) == 1  # the filter stays for the module's fail policy
+
+    run(main())
+    world.close()
+
+
+def test_second_signal_forces_exit(tmp_path: Path) -> None:
+    world = World(tmp_path)
+
+    async def main():
+        serving = asyncio.create_task(world.daemon().serve())
+        assert (await world.notification()).startswith("READY=1")
+        world.kernel.silent.add(Cmd.GET_STATS)  # the drain hangs
+        os.kill(os.getpid(), signal.SIGINT)
+        assert await world.notification() == "STOPPING=1"
+        await asyncio.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+        assert await serving == 1
+        assert Cmd.UNREGISTER not in world.kernel.requests
+
+    run(main())
+    world.close()
+
+
+def test_registration_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    world = World(tmp_path, errors={Cmd.REGISTER: errno.EBUSY})
+    assert run(world.daemon().serve()) == daemon.EX_UNAVAILABLE
+    assert "another vgpud is registered with the vgpu module" in caplog.text
+    world.close()
+
+
+def test_lost_channel_ends_the_run(tmp_path: Path) -> None:
+    world = World(tmp_path)
+
+    async def main():
+        serving = asyncio.create_task(world.daemon().serve())
+        assert (await world.notification()).startswith("READY=1")
+        world.kernel.send(b"")  # the stand-in peer hangs up
+        assert await serving == 0
+
+    run(main())
+    world.close()
+
+
+def test_watchdog(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WATCHDOG_USEC", "20000")
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    world = World(tmp_path)
+
+    async def main():
+        serving = asyncio.create_task(world.daemon().serve())
+        assert (await world.notification()).startswith("READY=1")
+        assert await world.notification() == "WATCHDOG=1"
+        assert await world.notification() == "WATCHDOG=1"
+        os.kill(os.getpid(), signal.SIGTERM)
+        while await world.notification() != "STOPPING=1":
+            pass
+        assert await serving == 0
+
+    run(main())
+    world.close()
+
+
+def test_watchdog_interval() -> None:
+    assert watchdog_interval({"WATCHDOG_USEC": "2000000"}) == 1.0
+    assert watchdog_interval({"WATCHDOG_USEC": "2000000", "WATCHDOG_PID": "1"}) is None
+    assert watchdog_interval({"WATCHDOG_USEC": "x"}) is None
+    assert watchdog_interval({}) is None
+
+
+def test_notifier_abstract_address_and_absence() -> None:
+    name = f"vgpud-test-{os.getpid()}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind("\0" + name)
+        Notifier("@" + name).notify("READY=1")
+        assert sock.recv(64) == b"READY=1"
+    Notifier(None).notify("READY=1")  # no NOTIFY_SOCKET: nothing happens
+    Notifier("/nonexistent/socket").notify("READY=1")  # logged, not raised
+
+
+def test_entry_point_without_the_module(tmp_path: Path) -> None:
+    env = dict(os.environ, NOTIFY_SOCKET=str(tmp_path / "none"))
+    proc = subprocess.run([sys.executable, "-m", "vgpud.daemon", "--policy", "deny-class:0x40"],
+                          capture_output=True, text=True, timeout=30, env=env)
+    assert proc.returncode == daemon.EX_UNAVAILABLE
+    assert "generic netlink family 'vgpu' not found: is vgpu.ko loaded?" in proc.stderr
+
+
+@pytest.mark.parametrize("args", [["--policy", "nope"], ["--filter", "alloc:"]])
+def test_bad_options(args: list[str]) -> None:
+    result = CliRunner().invoke(daemon.main, args)
+    assert result.exit_code == 2 and "Error:" in result.output
+
+
+def test_signal_during_startup(tmp_path: Path) -> None:
+    world = World(tmp_path, silent={Cmd.REGISTER})
+
+    async def main():
+        serving = asyncio.create_task(world.daemon().serve())
+        while Cmd.REGISTER not in world.kernel.requests:
+            await asyncio.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert await serving == 0
+
+    run(main())
+    world.close()

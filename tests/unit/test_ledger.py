@@ -1,0 +1,614 @@
+"""The memory ledger: unit tests, then a stateful model check with hypothesis."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from vgpud.core.ledger import (
+    Denied,
+    DuplicateContext,
+    DuplicateKey,
+    Freed,
+    Key,
+    Ledger,
+    Release,
+    Reservation,
+    TenantInUse,
+    UnknownContext,
+    UnknownKey,
+    UnknownReservation,
+    UnknownTenant,
+    Usage,
+    charge_for,
+)
+
+MiB = 2**20
+CLIENT = Key(0xC1D00001, 0xC1D00001)
+DEVICE = Key(0xC1D00001, 0xBEEF0080)
+
+
+def ledger_with_device(limit: int = 100 * MiB, tenant: str = "a", ctx: int = 1) -> Ledger:
+    ledger = Ledger()
+    ledger.set_limit(tenant, 0, limit)
+    ledger.open(ctx, tenant)
+    ledger.track(ctx, CLIENT)
+    ledger.track(ctx, DEVICE, CLIENT)
+    return ledger
+
+
+def mem(n: int, client: int = CLIENT.client) -> Key:
+    return Key(client, 0xA0000000 + n)
+
+
+def alloc(ledger: Ledger, ctx: int, key: Key, size: int, parent: Key = DEVICE) -> Reservation:
+    r = ledger.reserve(ctx, 0, size, parent, key)
+    assert isinstance(r, Reservation)
+    ledger.commit(r)
+    return r
+
+
+# --- charge_for ---
+
+
+@pytest.mark.parametrize("h_class", [0x40, 0x3F])
+def test_charge_for_video_memory(h_class: int) -> None:
+    assert charge_for(h_class, 4096) == 4096
+
+
+@pytest.mark.parametrize("h_class", [0x70, 0x50A0, 0x3E, 0x71, 0x80, 0x2080, 0xA06C, 0])
+def test_charge_for_not_charged(h_class: int) -> None:
+    assert charge_for(h_class, 4096) is None
+
+
+def test_charge_for_negative_size() -> None:
+    with pytest.raises(ValueError):
+        charge_for(0x40, -1)
+
+
+# --- admission ---
+
+
+def test_reserve_commit_free() -> None:
+    ledger = ledger_with_device()
+    r = ledger.reserve(1, 0, 30 * MiB, DEVICE, mem(1))
+    assert r == Reservation(r.id, 1, "a", 0, 30 * MiB)  # type: ignore[union-attr]
+    assert ledger.usage("a", 0) == Usage("a", 0, 100 * MiB, 0, 30 * MiB)
+    ledger.commit(r)  # type: ignore[arg-type]
+    assert ledger.usage("a", 0) == Usage("a", 0, 100 * MiB, 30 * MiB, 0)
+    assert mem(1) in ledger
+    freed = ledger.free(mem(1))
+    assert freed == Freed((mem(1),), (Release("a", 0, 30 * MiB),))
+    assert ledger.usage("a", 0).used == 0
+    assert mem(1) not in ledger
+
+
+def test_exactly_at_limit_passes_one_byte_more_is_denied() -> None:
+    ledger = ledger_with_device(limit=10 * MiB)
+    alloc(ledger, 1, mem(1), 6 * MiB)
+    denied = ledger.reserve(1, 0, 4 * MiB + 1, DEVICE)
+    assert denied == Denied("a", 0, 4 * MiB + 1, 6 * MiB, 10 * MiB)
+    assert isinstance(ledger.reserve(1, 0, 4 * MiB, DEVICE), Reservation)
+
+
+def test_concurrent_reservations_cannot_both_pass() -> None:
+    ledger = ledger_with_device(limit=10 * MiB)
+    first = ledger.reserve(1, 0, 6 * MiB, DEVICE)
+    second = ledger.reserve(1, 0, 6 * MiB, DEVICE)
+    assert isinstance(first, Reservation)
+    assert isinstance(second, Denied)
+    assert second.used == 6 * MiB
+
+
+def test_release_returns_reserved_bytes() -> None:
+    ledger = ledger_with_device(limit=10 * MiB)
+    r = ledger.reserve(1, 0, 10 * MiB, DEVICE)
+    assert isinstance(r, Reservation)
+    ledger.release(r)
+    assert ledger.usage("a", 0).used == 0
+    with pytest.raises(UnknownReservation):
+        ledger.release(r)
+    with pytest.raises(UnknownReservation):
+        ledger.commit(r, mem(1))
+
+
+def test_commit_key_given_late() -> None:
+    ledger = ledger_with_device()
+    r = ledger.reserve(1, 0, MiB, DEVICE)  # the driver picks the handle
+    assert isinstance(r, Reservation)
+    with pytest.raises(UnknownKey):
+        ledger.commit(r)
+    ledger.commit(r, mem(7))
+    assert mem(7) in ledger
+    assert ledger.usage("a", 0).charged == MiB
+
+
+def test_commit_duplicate_key_leaves_reservation() -> None:
+    ledger = ledger_with_device()
+    alloc(ledger, 1, mem(1), MiB)
+    r = ledger.reserve(1, 0, MiB, DEVICE)
+    assert isinstance(r, Reservation)
+    with pytest.raises(DuplicateKey):
+        ledger.commit(r, mem(1))
+    assert ledger.usage("a", 0) == Usage("a", 0, 100 * MiB, MiB, MiB)
+    ledger.release(r)
+
+
+def test_commit_after_parent_freed_hangs_on_context() -> None:
+    ledger = ledger_with_device()
+    r = ledger.reserve(1, 0, MiB, DEVICE, mem(1))
+    assert isinstance(r, Reservation)
+    ledger.free(DEVICE)
+    ledger.commit(r)
+    assert ledger.usage("a", 0).charged == MiB
+    assert ledger.close(1).released == (Release("a", 0, MiB),)
+
+
+def test_zero_size_reservation() -> None:
+    ledger = ledger_with_device(limit=0)
+    r = ledger.reserve(1, 0, 0, DEVICE)
+    assert isinstance(r, Reservation)
+    assert isinstance(ledger.reserve(1, 0, 1, DEVICE), Denied)
+
+
+# --- the tree ---
+
+
+def test_free_device_frees_descendants() -> None:
+    ledger = ledger_with_device()
+    alloc(ledger, 1, mem(1), MiB)
+    alloc(ledger, 1, mem(2), 2 * MiB)
+    subdevice = Key(CLIENT.client, 0x2080)
+    ledger.track(1, subdevice, DEVICE)
+    alloc(ledger, 1, mem(3), 4 * MiB, parent=subdevice)
+    freed = ledger.free(DEVICE)
+    assert set(freed.keys) == {DEVICE, subdevice, mem(1), mem(2), mem(3)}
+    assert sum(r.size for r in freed.released) == 7 * MiB
+    assert ledger.usage("a", 0).used == 0
+    assert CLIENT in ledger
+    ledger.track(1, DEVICE, CLIENT)  # the handle can be reused
+
+
+def test_free_client_frees_everything_below() -> None:
+    ledger = ledger_with_device()
+    alloc(ledger, 1, mem(1), MiB)
+    assert len(ledger.free(CLIENT).keys) == 3
+    assert ledger.usage("a", 0).used == 0
+
+
+def test_free_leaf_keeps_parent() -> None:
+    ledger = ledger_with_device()
+    alloc(ledger, 1, mem(1), MiB)
+    ledger.free(mem(1))
+    assert ledger.free(DEVICE).keys == (DEVICE,)
+
+
+def test_same_handle_in_different_clients_does_not_collide() -> None:
+    ledger = ledger_with_device()
+    other_client = Key(0xC1D00002, 0xC1D00002)
+    other_device = Key(0xC1D00002, DEVICE.handle)
+    ledger.open(2, "a")
+    ledger.track(2, other_client)
+    ledger.track(2, other_device, other_client)
+    alloc(ledger, 1, mem(1), MiB)
+    alloc(ledger, 2, mem(1, other_client.client), 2 * MiB, parent=other_device)
+    assert ledger.free(mem(1)).released == (Release("a", 0, MiB),)
+    assert mem(1, other_client.client) in ledger
+
+
+# --- dup ---
+
+
+def test_dup_counts_once_and_frees_with_last_handle() -> None:
+    ledger = ledger_with_device()
+    alloc(ledger, 1, mem(1), 8 * MiB)
+    ledger.dup(1, mem(2), mem(1), DEVICE)
+    assert ledger.usage("a", 0).charged == 8 * MiB
+    assert ledger.free(mem(1)).released == ()
+    assert ledger.usage("a", 0).charged == 8 * MiB
+    assert ledger.free(mem(2)).released == (Release("a", 0, 8 * MiB),)
+    assert ledger.usage("a", 0).charged == 0
+
+
+def test_dup_into_another_tenant_stays_charged_to_the_owner() -> None:
+    ledger = ledger_with_device()
+    ledger.set_limit("b", 0, MiB)
+    ledger.open(2, "b")
+    b_client = Key(0xC1D00002, 0xC1D00002)
+    ledger.track(2, b_client)
+    alloc(ledger, 1, mem(1), 8 * MiB)
+    ledger.dup(2, Key(b_client.client, 5), mem(1), b_client)
+    assert ledger.close(1).released == ()
+    assert ledger.usage("a", 0).charged == 8 * MiB
+    assert ledger.usage("b", 0).charged == 0
+    assert ledger.close(2).released == (Release("a", 0, 8 * MiB),)
+
+
+def test_dup_of_uncharged_object() -> None:
+    ledger = ledger_with_device()
+    ledger.dup(1, Key(CLIENT.client, 0x99), DEVICE, CLIENT)
+    assert ledger.free(DEVICE).released == ()
+    assert Key(CLIENT.client, 0x99) in ledger
+
+
+def test_dup_errors() -> None:
+    ledger = ledger_with_device()
+    with pytest.raises(UnknownKey):
+        ledger.dup(1, mem(2), mem(1), DEVICE)
+    alloc(ledger, 1, mem(1), MiB)
+    with pytest.raises(DuplicateKey):
+        ledger.dup(1, DEVICE, mem(1), CLIENT)
+    with pytest.raises(UnknownKey):
+        ledger.dup(1, mem(2), mem(1), mem(9))
+    with pytest.raises(UnknownContext):
+        ledger.dup(9, mem(2), mem(1), DEVICE)
+    assert ledger.free(mem(1)).released == (Release("a", 0, MiB),)
+
+
+# --- close ---
+
+
+def test_close_releases_objects_and_reservations() -> None:
+    ledger = ledger_with_device()
+    alloc(ledger, 1, mem(1), MiB)
+    r = ledger.reserve(1, 0, 2 * MiB, DEVICE)
+    assert isinstance(r, Reservation)
+    freed = ledger.close(1)
+    assert set(freed.keys) == {CLIENT, DEVICE, mem(1)}
+    assert freed.released == (Release("a", 0, MiB),)
+    assert freed.reservations == (r.id,)
+    assert ledger.usage("a", 0) == Usage("a", 0, 100 * MiB, 0, 0)
+    with pytest.raises(UnknownReservation):
+        ledger.commit(r, mem(2))
+    with pytest.raises(UnknownContext):
+        ledger.close(1)
+    ledger.open(1, "a")  # the context id can be reused
+
+
+def test_close_leaves_other_contexts() -> None:
+    ledger = ledger_with_device()
+    ledger.open(2, "a")
+    ledger.track(2, Key(7, 7))
+    alloc(ledger, 2, Key(7, 8), MiB, parent=Key(7, 7))
+    ledger.close(1)
+    assert Key(7, 8) in ledger
+    assert ledger.usage("a", 0).charged == MiB
+
+
+# --- limits ---
+
+
+def test_raise_limit_applies_at_once() -> None:
+    ledger = ledger_with_device(limit=MiB)
+    assert isinstance(ledger.reserve(1, 0, 2 * MiB, DEVICE), Denied)
+    ledger.set_limit("a", 0, 2 * MiB)
+    assert isinstance(ledger.reserve(1, 0, 2 * MiB, DEVICE), Reservation)
+
+
+def test_lower_limit_below_usage_blocks_but_frees_nothing() -> None:
+    ledger = ledger_with_device(limit=10 * MiB)
+    alloc(ledger, 1, mem(1), 8 * MiB)
+    ledger.set_limit("a", 0, 4 * MiB)
+    usage = ledger.usage("a", 0)
+    assert (usage.charged, usage.total, usage.free) == (8 * MiB, 4 * MiB, 0)
+    assert isinstance(ledger.reserve(1, 0, 0, DEVICE), Denied)  # over the limit already
+    assert mem(1) in ledger
+    ledger.free(mem(1))
+    assert isinstance(ledger.reserve(1, 0, 4 * MiB, DEVICE), Reservation)
+
+
+def test_limits_are_per_tenant_and_gpu() -> None:
+    ledger = ledger_with_device(limit=MiB)
+    ledger.set_limit("a", 1, 4 * MiB)
+    alloc(ledger, 1, mem(1), MiB)
+    assert isinstance(ledger.reserve(1, 1, 4 * MiB, DEVICE), Reservation)
+    with pytest.raises(UnknownTenant):
+        ledger.reserve(1, 2, 1, DEVICE)
+
+
+def test_snapshot_view() -> None:
+    ledger = ledger_with_device(limit=10 * MiB)
+    ledger.set_limit("b", 1, 5 * MiB)
+    alloc(ledger, 1, mem(1), 3 * MiB)
+    assert ledger.snapshot() == (
+        Usage("a", 0, 10 * MiB, 3 * MiB, 0),
+        Usage("b", 1, 5 * MiB, 0, 0),
+    )
+    assert ledger.snapshot()[0].free == 7 * MiB
+
+
+def test_set_limit_negative() -> None:
+    with pytest.raises(ValueError):
+        Ledger().set_limit("a", 0, -1)
+
+
+def test_remove_tenant() -> None:
+    ledger = ledger_with_device()
+    ledger.set_limit("a", 1, MiB)
+    with pytest.raises(TenantInUse):
+        ledger.remove_tenant("a")  # a context is open
+    ledger.close(1)
+    ledger.remove_tenant("a")
+    assert ledger.snapshot() == ()
+    with pytest.raises(UnknownTenant):
+        ledger.remove_tenant("a")
+    with pytest.raises(UnknownTenant):
+        ledger.open(2, "a")
+
+
+def test_remove_tenant_with_charge_held_by_a_dup() -> None:
+    ledger = ledger_with_device()
+    ledger.set_limit("b", 0, MiB)
+    ledger.open(2, "b")
+    ledger.track(2, Key(9, 9))
+    alloc(ledger, 1, mem(1), MiB)
+    ledger.dup(2, Key(9, 1), mem(1), Key(9, 9))
+    ledger.close(1)
+    with pytest.raises(TenantInUse):
+        ledger.remove_tenant("a")
+
+
+# --- errors leave the state unchanged ---
+
+
+def test_errors() -> None:
+    ledger = ledger_with_device()
+    alloc(ledger, 1, mem(1), MiB)
+    before = ledger.snapshot()
+    with pytest.raises(UnknownTenant):
+        ledger.open(2, "nobody")
+    with pytest.raises(DuplicateContext):
+        ledger.open(1, "a")
+    with pytest.raises(UnknownContext):
+        ledger.reserve(2, 0, MiB)
+    with pytest.raises(UnknownKey):
+        ledger.reserve(1, 0, MiB, mem(99))
+    with pytest.raises(ValueError):
+        ledger.reserve(1, 0, -1, DEVICE)
+    with pytest.raises(UnknownKey):
+        ledger.free(mem(99))
+    with pytest.raises(DuplicateKey):
+        ledger.track(1, mem(1), DEVICE)
+    with pytest.raises(UnknownKey):
+        ledger.track(1, mem(2), mem(99))
+    with pytest.raises(UnknownContext):
+        ledger.track(2, mem(2))
+    with pytest.raises(UnknownTenant):
+        ledger.usage("a", 5)
+    with pytest.raises(UnknownReservation):
+        ledger.release(Reservation(999, 1, "a", 0, MiB))
+    assert ledger.snapshot() == before
+    assert mem(2) not in ledger
+
+
+# --- stateful model check ---
+
+TENANTS = ("t0", "t1", "t2")
+ACCOUNTS = [(t, g) for t in TENANTS for g in (0, 1) if (t, g) != ("t2", 1)]  # t2: GPU 0 only
+sizes = st.integers(0, 64)
+limits = st.integers(0, 256)
+
+
+@dataclass
+class ModelCharge:
+    tenant: str
+    gpu: int
+    size: int
+
+
+@dataclass
+class ModelNode:
+    ctx: int
+    parent: Key | None
+    charge: ModelCharge | None
+
+
+@dataclass
+class ModelReservation:
+    reservation: Reservation
+    key: Key
+    parent: Key | None
+
+
+@dataclass
+class Model:
+    limits: dict[tuple[str, int], int] = field(default_factory=dict)
+    contexts: dict[int, str] = field(default_factory=dict)
+    nodes: dict[Key, ModelNode] = field(default_factory=dict)
+    pending: list[ModelReservation] = field(default_factory=list)
+
+    def charged(self, account: tuple[str, int]) -> int:
+        charges = {id(n.charge): n.charge for n in self.nodes.values() if n.charge}
+        return sum(c.size for c in charges.values() if (c.tenant, c.gpu) == account)
+
+    def reserved(self, account: tuple[str, int]) -> int:
+        return sum(
+            p.reservation.size
+            for p in self.pending
+            if (p.reservation.tenant, p.reservation.gpu) == account
+        )
+
+    def subtree(self, root: Key) -> set[Key]:
+        out = {root}
+        grew = True
+        while grew:
+            below = {k for k, n in self.nodes.items() if n.parent in out}
+            grew = not below <= out
+            out |= below
+        return out
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    """Random interleavings of every operation against a slow, obvious model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ledger = Ledger()
+        self.model = Model()
+        self.next_ctx = 1
+        self.next_handle = 1
+        for account in ACCOUNTS:
+            self.ledger.set_limit(*account, 128)
+            self.model.limits[account] = 128
+
+    def fresh(self) -> int:
+        self.next_handle += 1
+        return self.next_handle
+
+    def ctx_nodes(self, ctx: int) -> list[Key]:
+        return sorted(k for k, n in self.model.nodes.items() if n.ctx == ctx)
+
+    def child_key(self, data: st.DataObject, ctx: int) -> tuple[Key | None, Key]:
+        """A parent in `ctx` (or none: a root client) and a fresh key under it."""
+        parent = data.draw(st.sampled_from([None, *self.ctx_nodes(ctx)]))
+        if parent is None:
+            client = self.fresh()
+            return None, Key(client, client)
+        return parent, Key(parent.client, self.fresh())
+
+    def expect_unchanged(self, error: type[Exception], call: object) -> None:
+        before = (self.ledger.snapshot(), set(self.model.nodes))
+        with pytest.raises(error):
+            call()  # type: ignore[operator]
+        assert self.ledger.snapshot() == before[0]
+        assert all(k in self.ledger for k in before[1])
+
+    @rule(tenant=st.sampled_from(TENANTS))
+    def open(self, tenant: str) -> None:
+        self.ledger.open(self.next_ctx, tenant)
+        self.model.contexts[self.next_ctx] = tenant
+        self.next_ctx += 1
+
+    @precondition(lambda self: self.model.contexts)
+    @rule(data=st.data())
+    def track(self, data: st.DataObject) -> None:
+        ctx = data.draw(st.sampled_from(sorted(self.model.contexts)))
+        parent, key = self.child_key(data, ctx)
+        self.ledger.track(ctx, key, parent)
+        self.model.nodes[key] = ModelNode(ctx, parent, None)
+
+    @precondition(lambda self: self.model.contexts)
+    @rule(data=st.data(), gpu=st.sampled_from((0, 1)))
+    def reserve(self, data: st.DataObject, gpu: int) -> None:
+        ctx = data.draw(st.sampled_from(sorted(self.model.contexts)))
+        tenant = self.model.contexts[ctx]
+        parent, key = self.child_key(data, ctx)
+        if (tenant, gpu) not in self.model.limits:
+            self.expect_unchanged(UnknownTenant, lambda: self.ledger.reserve(ctx, gpu, 1))
+            return
+        account = (tenant, gpu)
+        used = self.model.charged(account) + self.model.reserved(account)
+        limit = self.model.limits[account]
+        room = max(0, limit - used)  # sizes at the boundary are drawn often
+        size = data.draw(st.one_of(sizes, st.sampled_from([room, room + 1])))
+        decision = self.ledger.reserve(ctx, gpu, size, parent, key)
+        if used + size > limit:
+            assert decision == Denied(tenant, gpu, size, used, limit)
+        else:
+            assert isinstance(decision, Reservation)
+            assert (decision.tenant, decision.gpu, decision.size) == (tenant, gpu, size)
+            self.model.pending.append(ModelReservation(decision, key, parent))
+            # admission never passes the limit in force when it is decided
+            assert self.ledger.usage(tenant, gpu).used <= limit
+
+    @precondition(lambda self: self.model.pending)
+    @rule(data=st.data())
+    def commit(self, data: st.DataObject) -> None:
+        p = data.draw(st.sampled_from(self.model.pending))
+        self.ledger.commit(p.reservation)
+        self.model.pending.remove(p)
+        r = p.reservation
+        parent = p.parent if p.parent in self.model.nodes else None
+        self.model.nodes[p.key] = ModelNode(r.ctx, parent, ModelCharge(r.tenant, r.gpu, r.size))
+
+    @precondition(lambda self: self.model.pending)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        p = data.draw(st.sampled_from(self.model.pending))
+        self.ledger.release(p.reservation)
+        self.model.pending.remove(p)
+
+    @precondition(lambda self: self.model.nodes)
+    @rule(data=st.data())
+    def free(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(sorted(self.model.nodes)))
+        self.check_freed(self.ledger.free(key), self.model.subtree(key))
+
+    @precondition(lambda self: self.model.contexts)
+    @rule(data=st.data())
+    def close(self, data: st.DataObject) -> None:
+        ctx = data.draw(st.sampled_from(sorted(self.model.contexts)))
+        gone = set().union(*(self.model.subtree(k) for k in self.ctx_nodes(ctx)))
+        cancelled = {p.reservation.id for p in self.model.pending if p.reservation.ctx == ctx}
+        freed = self.ledger.close(ctx)
+        assert set(freed.reservations) == cancelled
+        self.model.pending = [p for p in self.model.pending if p.reservation.ctx != ctx]
+        self.check_freed(freed, gone)
+        del self.model.contexts[ctx]
+        self.expect_unchanged(UnknownContext, lambda: self.ledger.close(ctx))
+
+    def check_freed(self, freed: Freed, gone: set[Key]) -> None:
+        assert set(freed.keys) == gone
+        before = {a: self.model.charged(a) for a in self.model.limits}
+        for key in gone:
+            del self.model.nodes[key]
+        for account in self.model.limits:
+            released = sum(r.size for r in freed.released if (r.tenant, r.gpu) == account)
+            assert released == before[account] - self.model.charged(account)
+
+    @precondition(lambda self: self.model.nodes and self.model.contexts)
+    @rule(data=st.data())
+    def dup(self, data: st.DataObject) -> None:
+        existing = data.draw(st.sampled_from(sorted(self.model.nodes)))
+        ctx = data.draw(st.sampled_from(sorted(self.model.contexts)))
+        parent, key = self.child_key(data, ctx)
+        self.ledger.dup(ctx, key, existing, parent)
+        self.model.nodes[key] = ModelNode(ctx, parent, self.model.nodes[existing].charge)
+
+    @precondition(lambda self: self.model.nodes)
+    @rule(data=st.data())
+    def duplicate_key_is_refused(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(sorted(self.model.nodes)))
+        ctx = self.model.nodes[key].ctx
+        if ctx in self.model.contexts:
+            self.expect_unchanged(DuplicateKey, lambda: self.ledger.track(ctx, key))
+
+    @rule(account=st.sampled_from(ACCOUNTS), limit=limits)
+    def set_limit(self, account: tuple[str, int], limit: int) -> None:
+        self.ledger.set_limit(*account, limit)
+        self.model.limits[account] = limit
+
+    @invariant()
+    def usage_matches_model(self) -> None:
+        for (tenant, gpu), limit in self.model.limits.items():
+            usage = self.ledger.usage(tenant, gpu)
+            assert usage.charged >= 0
+            assert usage.reserved >= 0
+            assert usage.charged == self.model.charged((tenant, gpu))
+            assert usage.reserved == self.model.reserved((tenant, gpu))
+            assert usage.limit == limit
+            assert usage.free == max(0, limit - usage.used)
+        for key in self.model.nodes:
+            assert key in self.ledger
+
+    def teardown(self) -> None:
+        for ctx in list(self.model.contexts):
+            self.ledger.close(ctx)
+        for tenant, gpu in self.model.limits:
+            assert self.ledger.usage(tenant, gpu).used == 0
+        for tenant in TENANTS:
+            self.ledger.remove_tenant(tenant)
+        assert self.ledger.snapshot() == ()
+
+
+LedgerMachine.TestCase.settings = settings(
+    max_examples=300,
+    stateful_step_count=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestLedgerMachine = LedgerMachine.TestCase

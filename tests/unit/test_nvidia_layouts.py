@@ -1,0 +1,130 @@
+"""NVIDIA param layouts: sizes and offsets pinned from the ABI facts, and checked
+with gcc against C mirrors written from nvos.h (NvU64/NvP64 8-byte aligned)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_uapi_layout import c_layouts, needs_gcc, py_layouts
+
+from vgpud.nvidia import layouts as L
+
+SIZES = {
+    "NVOS00_PARAMETERS": 16,
+    "NVOS21_PARAMETERS": 32,
+    "NVOS64_PARAMETERS": 48,
+    "NVOS54_PARAMETERS": 32,
+    "nv_ioctl_nvos33_parameters_with_fd": 56,
+    "nv_ioctl_nvos02_parameters_with_fd": 56,
+    "NVOS32_PARAMETERS": 184,
+    "NVOS55_PARAMETERS": 28,
+    "NV_MEMORY_ALLOCATION_PARAMS": 128,
+    "NV0080_ALLOC_PARAMETERS": 56,
+}
+
+OFFSETS = {
+    "NVOS00_PARAMETERS": dict(hRoot=0, hObjectParent=4, hObjectOld=8, status=12),
+    "NVOS21_PARAMETERS": dict(hRoot=0, hObjectParent=4, hObjectNew=8, hClass=12,
+                              pAllocParms=16, paramsSize=24, status=28),
+    "NVOS64_PARAMETERS": dict(hClass=12, pAllocParms=16, pRightsRequested=24, paramsSize=32,
+                              flags=36, status=40),
+    "NVOS54_PARAMETERS": dict(hClient=0, hObject=4, cmd=8, flags=12, params=16, paramsSize=24,
+                              status=28),
+    "nv_ioctl_nvos33_parameters_with_fd": dict(hClient=0, hDevice=4, hMemory=8, offset=16,
+                                               length=24, pLinearAddress=32, status=40,
+                                               flags=44, fd=48),
+    "nv_ioctl_nvos02_parameters_with_fd": dict(hClass=12, flags=16, pMemory=24, limit=32,
+                                               status=40, fd=48),
+    "NVOS32_PARAMETERS": dict(function=8, hVASpace=12, ivcHeapNumber=16, status=20, total=24,
+                              free=32, owner=40, hMemory=44, type=48, flags=52, attr=56,
+                              size=88, alignment=96, offset=104, attr2=144, ctagOffset=148),
+    "NVOS55_PARAMETERS": dict(hClient=0, hParent=4, hObject=8, hClientSrc=12, hObjectSrc=16,
+                              flags=20, status=24),
+    "NV_MEMORY_ALLOCATION_PARAMS": dict(owner=0, type=4, flags=8, attr=24, attr2=28,
+                                        rangeLo=48, rangeHi=56, size=64, alignment=72,
+                                        offset=80, limit=88, address=96, ctagOffset=104,
+                                        hVASpace=108, internalflags=112, tag=116,
+                                        numaNode=120),
+    "NV0080_ALLOC_PARAMETERS": dict(deviceId=0, hClientShare=4, hTargetClient=8,
+                                    hTargetDevice=12, flags=16, vaSpaceSize=24,
+                                    vaStartInternal=32, vaLimitInternal=40, vaMode=48),
+}
+
+# C mirrors, written from nvos.h (open-gpu-kernel-modules). NVOS32's union is
+# flattened to its AllocSize member plus the padding that its largest member
+# (HwAlloc, 144 B) implies; the union itself is sized below in C.
+C_MIRRORS = r"""
+#include <stdint.h>
+typedef uint32_t NvU32; typedef int32_t NvS32; typedef int16_t NvS16;
+typedef uint64_t NvU64 __attribute__((aligned(8)));
+typedef NvU32 NvHandle; typedef NvU32 NvV32; typedef NvU64 NvP64;
+typedef struct { NvHandle hRoot, hObjectParent, hObjectOld; NvV32 status; } NVOS00_PARAMETERS;
+typedef struct { NvHandle hRoot, hObjectParent, hObjectNew; NvV32 hClass; NvP64 pAllocParms;
+  NvU32 paramsSize; NvV32 status; } NVOS21_PARAMETERS;
+typedef struct { NvHandle hRoot, hObjectParent, hObjectNew; NvV32 hClass; NvP64 pAllocParms;
+  NvP64 pRightsRequested; NvU32 paramsSize, flags; NvV32 status; } NVOS64_PARAMETERS;
+typedef struct { NvHandle hClient, hObject; NvV32 cmd; NvU32 flags; NvP64 params;
+  NvU32 paramsSize; NvV32 status; } NVOS54_PARAMETERS;
+typedef struct { NvHandle hClient, hDevice, hMemory; NvU64 offset, length; NvP64 pLinearAddress;
+  NvU32 status, flags; } NVOS33_PARAMETERS;
+typedef struct { NVOS33_PARAMETERS params; int fd; } nv_ioctl_nvos33_parameters_with_fd_c;
+typedef struct { NvHandle hClient, hDevice, hMemory; NvU32 pad0; NvU64 offset, length;
+  NvP64 pLinearAddress; NvU32 status, flags; int fd; } nv_ioctl_nvos33_parameters_with_fd;
+typedef struct { NvHandle hRoot, hObjectParent, hObjectNew; NvV32 hClass, flags; NvP64 pMemory;
+  NvU64 limit; NvV32 status; } NVOS02_PARAMETERS;
+typedef struct { NVOS02_PARAMETERS params; int fd; } nv_ioctl_nvos02_parameters_with_fd_c;
+typedef struct { NvHandle hRoot, hObjectParent, hObjectNew; NvV32 hClass, flags; NvP64 pMemory;
+  NvU64 limit; NvV32 status; NvU32 pad1; int fd; } nv_ioctl_nvos02_parameters_with_fd;
+struct hw_alloc { NvU32 allocOwner; NvHandle allochMemory; NvU32 flags, allocType, allocAttr,
+  allocInputFlags; NvU64 allocSize; NvU32 allocHeight, allocWidth, allocPitch, allocMask,
+  allocComprCovg, allocZcullCovg; NvP64 bindResultFunc, pHandle; NvHandle hResourceHandle;
+  NvU32 retAttr, kind; NvU64 osDeviceHandle; NvU32 allocAttr2, retAttr2; NvU64 allocAddr;
+  struct { NvU32 a, b, c, d, e, f; } comprInfo; NvU32 uncompressedKind; };
+struct alloc_size { NvU32 owner; NvHandle hMemory; NvU32 type, flags, attr, format, comprCovg,
+  zcullCovg, partitionStride, width, height; NvU64 size, alignment, offset, limit;
+  NvP64 address; NvU64 rangeBegin, rangeEnd; NvU32 attr2, ctagOffset; };
+typedef struct { NvHandle hRoot, hObjectParent; NvU32 function; NvHandle hVASpace;
+  NvS16 ivcHeapNumber; NvV32 status; NvU64 total, free;
+  union { struct alloc_size AllocSize; struct hw_alloc HwAlloc; } data; } NVOS32_REAL;
+typedef struct { NvHandle hRoot, hObjectParent; NvU32 function; NvHandle hVASpace;
+  NvS16 ivcHeapNumber; NvV32 status; NvU64 total, free;
+  NvU32 owner; NvHandle hMemory; NvU32 type, flags, attr, format, comprCovg,
+  zcullCovg, partitionStride, width, height; NvU64 size, alignment, offset, limit;
+  NvP64 address; NvU64 rangeBegin, rangeEnd; NvU32 attr2, ctagOffset;
+  char tail[sizeof(struct hw_alloc) - sizeof(struct alloc_size)]; } NVOS32_PARAMETERS;
+typedef struct { NvHandle hClient, hParent, hObject, hClientSrc, hObjectSrc; NvU32 flags, status;
+} NVOS55_PARAMETERS;
+typedef struct { NvU32 owner, type, flags, width, height; NvS32 pitch; NvU32 attr, attr2, format,
+  comprCovg, zcullCovg; NvU64 rangeLo, rangeHi, size, alignment, offset, limit; NvP64 address;
+  NvU32 ctagOffset; NvHandle hVASpace; NvU32 internalflags, tag; NvS32 numaNode;
+} NV_MEMORY_ALLOCATION_PARAMS;
+typedef struct { NvU32 deviceId; NvHandle hClientShare, hTargetClient, hTargetDevice;
+  NvV32 flags; NvU64 vaSpaceSize, vaStartInternal, vaLimitInternal; NvV32 vaMode;
+} NV0080_ALLOC_PARAMETERS;
+_Static_assert(sizeof(NVOS32_REAL) == sizeof(NVOS32_PARAMETERS), "NVOS32 flattening");
+_Static_assert(offsetof(NVOS32_REAL, data) == 40, "NVOS32 union offset");
+_Static_assert(sizeof(nv_ioctl_nvos33_parameters_with_fd_c)
+               == sizeof(nv_ioctl_nvos33_parameters_with_fd), "with_fd 33");
+_Static_assert(sizeof(nv_ioctl_nvos02_parameters_with_fd_c)
+               == sizeof(nv_ioctl_nvos02_parameters_with_fd), "with_fd 02");
+_Static_assert(offsetof(nv_ioctl_nvos33_parameters_with_fd_c, fd)
+               == offsetof(nv_ioctl_nvos33_parameters_with_fd, fd), "fd 33");
+_Static_assert(offsetof(nv_ioctl_nvos02_parameters_with_fd_c, fd)
+               == offsetof(nv_ioctl_nvos02_parameters_with_fd, fd), "fd 02");
+"""
+
+
+@needs_gcc
+def test_layouts_match_gcc(tmp_path: Path) -> None:
+    assert py_layouts(L.LAYOUTS) == c_layouts(tmp_path, "", L.LAYOUTS, C_MIRRORS)
+
+
+def test_sizes_pinned() -> None:
+    assert {lay.name: lay.size for lay in L.LAYOUTS} == SIZES
+
+
+@pytest.mark.parametrize("name", sorted(OFFSETS))
+def test_offsets_pinned(name: str) -> None:
+    layout = next(lay for lay in L.LAYOUTS if lay.name == name)
+    assert {f: layout.offsets[f] for f in OFFSETS[name]} == OFFSETS[name]

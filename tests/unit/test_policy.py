@@ -1,0 +1,114 @@
+"""Policies and the daemon's dispatcher (sans-I/O)."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+from fakekernel import FAMILY, genl, upcall_msg
+
+from vgpud.daemon import Dispatcher
+from vgpud.kernel import codec
+from vgpud.kernel.uapi import ALLOW, Cmd, Filter, Node, UpcallKind, Verdict, VerdictAction
+from vgpud.nvidia import layouts as L
+from vgpud.nvidia.escapes import Escape, NvStatus
+from vgpud.nvidia.rules import rm_alloc_classes
+from vgpud.policy import AllowAll, DenyClasses, Request, parse_policy
+
+
+def upcall(params: bytes, nr: int = Escape.RM_ALLOC, **kw) -> codec.Upcall:
+    (msg,) = codec.decode_datagram(upcall_msg(params, nr=nr, **kw), FAMILY)
+    return msg
+
+
+ALLOC21 = L.NVOS21.struct.pack(1, 2, 3, 0x40, 0, 0, 0)
+ALLOC64 = L.NVOS64.struct.pack(1, 2, 3, 0x40, 0, 0, 0, 0, 0)
+DEVICE21 = L.NVOS21.struct.pack(1, 2, 3, 0x80, 0, 0, 0)
+
+
+def test_deny_classes_answers_out_of_memory_at_the_status_offset() -> None:
+    policy = DenyClasses({0x40})
+    assert policy.filter() == Filter(rules=rm_alloc_classes([0x40]))
+    d = Dispatcher(policy)
+    assert d.on_upcall(upcall(ALLOC21)) == Verdict(VerdictAction.FAIL_STATUS, 0, 0x51, 28)
+    assert d.on_upcall(upcall(ALLOC64)) == Verdict(VerdictAction.FAIL_STATUS, 0, 0x51, 40)
+    assert d.on_upcall(upcall(DEVICE21)) == ALLOW
+    assert d.counters.upcalls == d.counters.verdicts == 3
+
+
+def test_allow_all() -> None:
+    d = Dispatcher(AllowAll())
+    assert AllowAll().filter() == Filter()
+    assert d.on_upcall(upcall(b"", kind=UpcallKind.OPEN, cgroup="/")) == ALLOW
+
+
+def test_parse_policy() -> None:
+    assert isinstance(parse_policy("allow"), AllowAll)
+    deny = parse_policy("deny-class:0x40,0x3f")
+    assert isinstance(deny, DenyClasses) and deny.classes == {0x40, 0x3F}
+    assert deny.status == NvStatus.NO_MEMORY
+    for bad in ("deny", "deny-class:", "allow:1", "deny-class:x"):
+        with pytest.raises(ValueError):
+            parse_policy(bad)
+
+
+class Broken:
+    def __init__(self, verdict=None) -> None:
+        self.verdict = verdict
+
+    def filter(self) -> Filter:
+        return Filter()
+
+    def decide(self, request: Request) -> Verdict:
+        if self.verdict is None:
+            raise RuntimeError("bug")
+        return self.verdict
+
+    def on_event(self, event) -> None:
+        raise RuntimeError("bug")
+
+
+@pytest.mark.parametrize("verdict", [None, "ALLOW", Verdict.fail_status(0x51, 30)])
+def test_policy_failures_get_the_safe_verdict(verdict) -> None:
+    d = Dispatcher(Broken(verdict))
+    assert d.on_upcall(upcall(ALLOC21)) == Verdict.deny(errno.EIO)
+    assert d.counters.policy_errors == 1
+    assert Dispatcher(Broken(verdict), fail_open=True).on_upcall(upcall(ALLOC21)) == ALLOW
+
+
+def test_fail_status_on_open_is_refused() -> None:
+    d = Dispatcher(Broken(Verdict.fail_status(0x51, 0)))
+    assert d.on_upcall(upcall(b"", kind=UpcallKind.OPEN)) == Verdict.deny(errno.EIO)
+
+
+def test_event_failure_is_counted() -> None:
+    d = Dispatcher(Broken())
+    d.on_event(codec.CloseEvent(1))
+    assert (d.counters.events, d.counters.policy_errors) == (1, 1)
+
+
+def test_malformed_upcalls() -> None:
+    d = Dispatcher(AllowAll())
+    assert d.on_malformed(codec.DecodeError("x", upcall_id=3)) == Verdict.deny(errno.EPROTO)
+    assert d.on_malformed(codec.DecodeError("x")) is None
+    assert (d.counters.malformed, d.counters.unanswered) == (2, 1)
+    assert Dispatcher(AllowAll(), fail_open=True).on_malformed(
+        codec.DecodeError("x", upcall_id=3)) == ALLOW
+
+
+def test_undecodable_rm_params_reach_the_policy_as_no_call() -> None:
+    seen = []
+
+    class Spy(AllowAll):
+        def decide(self, request: Request) -> Verdict:
+            seen.append(request.call)
+            return ALLOW
+
+    d = Dispatcher(Spy())
+    d.on_upcall(upcall(b"\0" * 40))
+    d.on_upcall(upcall(b"\0" * 40, node=Node.UVM, nr=0x30000001 & 0xFF))
+    assert seen == [None, None] and d.counters.call_errors == 1
+
+
+def test_replies_to_other_commands_decode() -> None:
+    assert codec.decode_datagram(genl(Cmd.UNREGISTER), FAMILY)[0].cmd == Cmd.UNREGISTER

@@ -1,0 +1,122 @@
+"""The daemon's TOML configuration (/etc/vgpud/vgpud.toml).
+
+    [daemon]
+    default_tenant = "shared"      # openers matching no tenant; unset: refuse (EACCES)
+    admin_group = "vgpu-admin"     # may change tenants at runtime
+    fail_open = false              # daemon absent or late: forward (true) or refuse
+    upcall_timeout_ms = 1000
+    frame_ms = 100                 # TDMA frame length
+    state_path = "/var/lib/vgpud/state.json"
+
+    [[tenant]]
+    name = "alice"
+    memory = "8GiB"                # per GPU: bytes, 8GiB, 512MiB, or 50% of the device
+    gpus = [0, 1]                  # or "all" (the default)
+    uvm = "count"                  # deny | count | allow
+    weight = 100                   # 1..1000
+    cap = 50                       # percent of GPU time, optional
+    priority = "best-effort"       # or "priority"
+    pids = [4242]                  # explicit bindings by process id
+    match = [{ cgroup = "/kubepods/*/pod-alice*" }, { uid = 1000 }]
+
+Tenant order matters: an opener gets the first tenant with a matching rule.
+Unknown keys are errors; every error names the file, the key and the problem.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from vgpud.core.tenants import Tenant, TenantName
+
+DEFAULT_CONFIG_PATH = Path("/etc/vgpud/vgpud.toml")
+DEFAULT_STATE_PATH = Path("/var/lib/vgpud/state.json")
+
+
+class ConfigError(Exception):
+    """A configuration problem: which file, which key (dotted, e.g. tenant[1].memory), what."""
+
+    def __init__(self, file: Path | str, key: str, problem: str) -> None:
+        self.file = str(file)
+        self.key = key
+        self.problem = problem
+        where = f"{self.file}: {key}" if key else self.file
+        super().__init__(f"{where}: {problem}")
+
+
+_Ms = Annotated[int, Field(strict=True, ge=1, le=60_000)]
+
+
+class DaemonSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    default_tenant: TenantName | None = None
+    admin_group: str = "vgpu-admin"
+    fail_open: Annotated[bool, Field(strict=True)] = False
+    upcall_timeout_ms: _Ms = 1000
+    frame_ms: _Ms = 100
+    state_path: Path = DEFAULT_STATE_PATH
+
+
+class Config(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    daemon: DaemonSettings = DaemonSettings()
+    tenants: tuple[Tenant, ...] = Field(default=(), validation_alias="tenant")
+
+
+def load_config(path: Path | str = DEFAULT_CONFIG_PATH) -> Config:
+    """Read and validate the configuration file; raise ConfigError."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(path, "", f"cannot read: {e}") from e
+    return parse_config(text, path)
+
+
+def parse_config(text: str, file: Path | str = "<config>") -> Config:
+    """Validate TOML text; `file` is only used in error messages."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(file, "", f"invalid TOML: {e}") from e
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(file, *describe(e)) from e
+    _check_consistency(config, file)
+    return config
+
+
+def describe(error: ValidationError) -> tuple[str, str]:
+    """The first error of a validation: its dotted key and the problem in words."""
+    first = error.errors()[0]
+    key = ""
+    for part in first["loc"]:
+        key += f"[{part}]" if isinstance(part, int) else f".{part}" if key else str(part)
+    if first["type"] == "extra_forbidden":
+        return key, "unknown key"
+    return key, first["msg"].removeprefix("Value error, ")
+
+
+def _check_consistency(config: Config, file: Path | str) -> None:
+    """Checks across tenants: unique names and pids, an existing default tenant."""
+    names: set[str] = set()
+    pids: dict[int, str] = {}
+    for i, tenant in enumerate(config.tenants):
+        if tenant.name in names:
+            raise ConfigError(file, f"tenant[{i}].name", f"duplicate tenant {tenant.name!r}")
+        names.add(tenant.name)
+        for pid in tenant.pids:
+            if pid in pids:
+                raise ConfigError(
+                    file, f"tenant[{i}].pids", f"pid {pid} is already bound to {pids[pid]!r}"
+                )
+            pids[pid] = tenant.name
+    default = config.daemon.default_tenant
+    if default is not None and default not in names:
+        raise ConfigError(file, "daemon.default_tenant", f"no tenant named {default!r}")

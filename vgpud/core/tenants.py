@@ -1,0 +1,265 @@
+"""Tenants: the model, memory limit sizes, and who an opener belongs to.
+
+Pure: resolution takes what the kernel module reports about an opener and the
+current tenant set, and answers a tenant name (or None: refuse the open).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from enum import StrEnum
+from fnmatch import fnmatchcase
+from fractions import Fraction
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    PlainSerializer,
+    PlainValidator,
+    model_validator,
+)
+from pydantic_core import core_schema
+
+U64_MAX = 2**64 - 1
+MAX_GPU_INDEX = 247  # /dev/nvidiaN minors stop below nvidia-modeset/nvidiactl
+
+_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,31}")
+
+
+def validate_name(name: str) -> str:
+    """Return `name` if it is a valid tenant name, else raise ValueError."""
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        raise ValueError(
+            f"invalid tenant name {name!r}: 1-32 characters of a-z 0-9 . _ -, "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+TenantName = Annotated[str, AfterValidator(validate_name)]
+
+# Binary (IEC) and decimal (SI) units; matched case-insensitively.
+_UNITS = {
+    "": 1, "b": 1,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50, "eib": 2**60,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15, "eb": 10**18,
+}  # fmt: skip
+_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([A-Za-z]*)")
+_PERCENT_RE = re.compile(r"(\d+(?:\.\d+)?)\s*%")
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryLimit:
+    """A per-GPU memory limit: an absolute byte count or a percent of the device.
+
+    Exactly one of `bytes` and `percent` is set. Parsed from 8GiB, 512MiB,
+    1.5GB, 1073741824 (bytes) or 50% / 12.5%; serialized back with str().
+    """
+
+    bytes: int | None = None
+    percent: Fraction | None = None
+
+    def __post_init__(self) -> None:
+        if (self.bytes is None) == (self.percent is None):
+            raise ValueError("a memory limit is either bytes or a percent")
+        if self.bytes is not None and not 0 < self.bytes <= U64_MAX:
+            raise ValueError(f"memory limit {self.bytes} out of range 1..2**64-1 bytes")
+        if self.percent is not None and not 0 < self.percent <= 100:
+            raise ValueError(f"memory limit {self._percent_text()}% out of range (0, 100]")
+
+    @classmethod
+    def parse(cls, value: object) -> MemoryLimit:
+        """Parse an int (bytes) or a string; raise ValueError saying what is wrong."""
+        if isinstance(value, MemoryLimit):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return cls(bytes=value)
+        if not isinstance(value, str):
+            raise ValueError(f"memory limit must be a size string or an integer, not {value!r}")
+        text = value.strip()
+        if text.startswith("-"):
+            raise ValueError(f"memory limit {value!r} is negative")
+        if m := _PERCENT_RE.fullmatch(text):
+            return cls(percent=Fraction(m.group(1)))
+        m = _SIZE_RE.fullmatch(text)
+        if not m:
+            raise ValueError(f"invalid memory size {value!r} (examples: 8GiB, 512MiB, 50%)")
+        unit = _UNITS.get(m.group(2).lower())
+        if unit is None:
+            raise ValueError(
+                f"unknown unit {m.group(2)!r} in {value!r} (B, KiB, MiB, GiB, TiB, KB, MB, GB...)"
+            )
+        size = Fraction(m.group(1)) * unit
+        if size.denominator != 1:
+            raise ValueError(f"memory size {value!r} is not a whole number of bytes")
+        return cls(bytes=int(size))
+
+    def effective(self, total: int) -> int:
+        """Bytes allowed on a device of `total` bytes; never more than the device."""
+        if self.percent is not None:
+            return total * self.percent.numerator // (100 * self.percent.denominator)
+        assert self.bytes is not None
+        return min(self.bytes, total)
+
+    def _percent_text(self) -> str:
+        assert self.percent is not None
+        # Parsed from a decimal, so the quotient is exact.
+        return str(Decimal(self.percent.numerator) / self.percent.denominator)
+
+    def __str__(self) -> str:
+        if self.percent is not None:
+            return f"{self._percent_text()}%"
+        assert self.bytes is not None
+        for suffix, unit in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+            if self.bytes % unit == 0:
+                return f"{self.bytes // unit}{suffix}"
+        return str(self.bytes)
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_plain_validator_function(
+            cls.parse, serialization=core_schema.to_string_ser_schema()
+        )
+
+
+class UvmPolicy(StrEnum):
+    """Managed memory (nvidia-uvm): refuse it, count its mmap size, or let it pass."""
+
+    DENY = "deny"
+    COUNT = "count"
+    ALLOW = "allow"
+
+
+class Priority(StrEnum):
+    BEST_EFFORT = "best-effort"
+    PRIORITY = "priority"
+
+
+_StrictInt = Annotated[int, Field(strict=True)]
+
+
+def _parse_gpus(value: object) -> tuple[int, ...] | Literal["all"]:
+    """"all", or distinct GPU indexes (one validator: a union would garble error keys)."""
+    if value == "all":
+        return "all"
+    if not isinstance(value, list | tuple):
+        raise ValueError('gpus must be "all" or a list of GPU indexes')
+    for gpu in value:
+        if not isinstance(gpu, int) or isinstance(gpu, bool) or not 0 <= gpu <= MAX_GPU_INDEX:
+            raise ValueError(f"GPU index {gpu!r} is not an integer in 0..{MAX_GPU_INDEX}")
+    if len(set(value)) != len(value):
+        raise ValueError("gpus lists an index twice")
+    return tuple(value)
+
+
+class MatchRule(BaseModel):
+    """One rule; every field given must match (AND). At least one field is given.
+
+    `cgroup` is an fnmatch glob on the cgroup v2 path (e.g. "/kubepods/*/pod-abc*");
+    `*` also matches "/".
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cgroup: str | None = None
+    uid: Annotated[int, Field(strict=True, ge=0, le=2**32 - 1)] | None = None
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> MatchRule:
+        if self.cgroup is None and self.uid is None:
+            raise ValueError("a match rule needs cgroup or uid")
+        return self
+
+    def matches(self, opener: Opener) -> bool:
+        if self.uid is not None and opener.uid != self.uid:
+            return False
+        return self.cgroup is None or fnmatchcase(opener.cgroup_path, self.cgroup)
+
+
+class Tenant(BaseModel):
+    """A tenant: who belongs to it, and what it may use on each GPU.
+
+    `memory` applies per GPU; None means the whole device. `pids` are explicit
+    bindings by process id (tgid). `cap` (percent of GPU time), `weight` and
+    `priority` are for the TDMA scheduler.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: TenantName
+    match: tuple[MatchRule, ...] = ()
+    pids: tuple[Annotated[int, Field(strict=True, ge=1)], ...] = ()
+    memory: MemoryLimit | None = None
+    gpus: Annotated[
+        tuple[int, ...] | Literal["all"],
+        PlainValidator(_parse_gpus),
+        PlainSerializer(lambda v: v if v == "all" else list(v), when_used="json"),
+    ] = "all"
+    uvm: UvmPolicy = UvmPolicy.COUNT
+    weight: Annotated[_StrictInt, Field(ge=1, le=1000)] = 100
+    cap: Annotated[_StrictInt, Field(ge=1, le=100)] | None = None
+    priority: Priority = Priority.BEST_EFFORT
+
+    @model_validator(mode="after")
+    def _distinct(self) -> Tenant:
+        if len(set(self.pids)) != len(self.pids):
+            raise ValueError("pids lists a pid twice")
+        return self
+
+    def allows_gpu(self, gpu: int) -> bool:
+        return self.gpus == "all" or gpu in self.gpus
+
+    def limit_for(self, gpu: int, total: int) -> int | None:
+        """Bytes this tenant may hold on GPU `gpu` of `total` bytes; None if not allowed."""
+        if not self.allows_gpu(gpu):
+            return None
+        return total if self.memory is None else self.memory.effective(total)
+
+    def replace(self, **changes: object) -> Tenant:
+        """A copy with `changes` applied and validated (model_copy does not validate)."""
+        return Tenant.model_validate({**self.model_dump(), **changes})
+
+
+@dataclass(frozen=True, slots=True)
+class Opener:
+    """What the kernel module reports about a process opening an emulated node."""
+
+    pid: int
+    tgid: int
+    uid: int
+    gid: int
+    cgroup_id: int
+    cgroup_path: str
+
+
+def resolve(
+    opener: Opener,
+    tenants: Sequence[Tenant],
+    bindings: Mapping[int, str],
+    default: str | None,
+) -> str | None:
+    """The tenant an opener belongs to, or None: refuse the open (EACCES).
+
+    Precedence: an explicit binding of the opener's tgid (runtime `bindings`
+    first, then tenants' `pids`), then the first matching rule in tenant order,
+    then `default`. Inputs are trusted to be consistent (bindings and default
+    name tenants that exist); config and state loading ensure it.
+    """
+    if (name := bindings.get(opener.tgid)) is not None:
+        return name
+    for tenant in tenants:
+        if opener.tgid in tenant.pids:
+            return tenant.name
+    for tenant in tenants:
+        if any(rule.matches(opener) for rule in tenant.match):
+            return tenant.name
+    return default

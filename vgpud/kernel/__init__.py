@@ -1,0 +1,1 @@
+"""Our kernel module's protocol: uapi mirror, struct codec, netlink channel."""

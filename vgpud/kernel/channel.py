@@ -1,0 +1,347 @@
+"""The vgpu generic netlink channel on an asyncio loop.
+
+pyroute2 resolves the family id at start (setup only). Everything else goes
+through one raw NETLINK_GENERIC socket watched with ``loop.add_reader``: one
+recv, ``codec.decode_datagram``, the handler's verdict, one ``send`` of a
+prebuilt-header verdict without ACK. Control requests (REGISTER, SET_FILTER,
+GET_STATS, UNREGISTER) go out on the same socket, because the module unicasts
+upcalls to the port that registered; their replies are matched by sequence
+number in the same reader.
+
+The channel takes any datagram socket in its constructor, so tests drive it
+with one end of ``socketpair(AF_UNIX, SOCK_DGRAM)`` standing in for the
+kernel; ``GenlChannel.open`` makes the real netlink socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pyroute2.netlink import genlmsg
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.generic import AsyncGenericNetlinkSocket
+
+from vgpud.kernel import codec, uapi
+from vgpud.kernel.codec import CloseEvent, DecodeError, Event, NlAck, PostEvent, Reply, Upcall
+from vgpud.kernel.uapi import Filter, Stats, Verdict
+
+__all__ = [
+    "AlreadyRegistered",
+    "ChannelError",
+    "ChannelStats",
+    "FamilyNotFound",
+    "GenlChannel",
+    "NotPermitted",
+    "ProtocolMismatch",
+    "RequestFailed",
+    "UpcallHandler",
+    "resolve_family",
+]
+
+log = logging.getLogger(__name__)
+
+NETLINK_GENERIC = 16  # missing from Python's socket module
+SOL_NETLINK = 270
+NETLINK_EXT_ACK = 11
+SO_RCVBUFFORCE = 33
+RCVBUF = 8 << 20
+RECV_SIZE = 1 << 16  # above VGPU_PARAMS_MAX twice (params + data) plus headers
+BATCH = 64  # datagrams handled per wakeup before yielding to the loop
+REQUEST_TIMEOUT = 5.0
+
+
+class ChannelError(Exception):
+    """The channel cannot do what was asked; the message says why, for humans."""
+
+
+class FamilyNotFound(ChannelError):
+    pass
+
+
+class ProtocolMismatch(ChannelError):
+    pass
+
+
+class AlreadyRegistered(ChannelError):
+    pass
+
+
+class NotPermitted(ChannelError):
+    pass
+
+
+class RequestFailed(ChannelError):
+    def __init__(self, what: str, err: int, detail: str | None = None) -> None:
+        text = f"{what} failed: {os.strerror(err)}" + (f" ({detail})" if detail else "")
+        super().__init__(text)
+        self.errno = err
+        self.detail = detail
+
+
+class UpcallHandler(Protocol):
+    """What the channel hands decoded messages to; must not raise."""
+
+    def on_upcall(self, upcall: Upcall) -> Verdict: ...
+
+    def on_event(self, event: Event) -> None: ...
+
+    def on_malformed(self, error: DecodeError) -> Verdict | None:
+        """A message that did not decode; a verdict answers ``error.upcall_id``."""
+        ...
+
+
+@dataclass(slots=True)
+class ChannelStats:
+    datagrams: int = 0
+    verdicts_sent: int = 0
+    send_errors: int = 0
+    enobufs: int = 0  # receive queue overruns: upcalls lost, the module times them out
+    refused_verdicts: int = 0  # NLMSG_ERROR for a verdict (e.g. -ENOENT when late)
+
+
+@dataclass(slots=True)
+class _Pending:
+    future: asyncio.Future[list[Reply]]
+    replies: list[Reply] = field(default_factory=list)
+
+
+async def resolve_family(name: str = uapi.GENL_NAME) -> int:
+    """The generic netlink family id of ``name``, through pyroute2."""
+    nl = AsyncGenericNetlinkSocket()
+    nl.module_err_level = "debug"  # we raise a better message than pyroute2 logs
+    try:
+        await nl.bind(name, genlmsg)
+        return nl.prid
+    except NetlinkError as exc:
+        if exc.code == errno.ENOENT:
+            raise FamilyNotFound(
+                f"generic netlink family {name!r} not found: is vgpu.ko loaded?"
+            ) from None
+        raise ChannelError(f"resolving generic netlink family {name!r}: {exc}") from exc
+    finally:
+        nl.close()
+
+
+class GenlChannel:
+    def __init__(
+        self, sock: socket.socket, family_id: int, handler: UpcallHandler | None = None,
+    ) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        self._family_id = family_id
+        self._handler = handler
+        self._encode_verdict = codec.VerdictEncoder(family_id).encode
+        self._pending: dict[int, _Pending] = {}
+        self._seq = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed: asyncio.Future[None] | None = None
+        self.stats = ChannelStats()
+
+    @classmethod
+    async def open(
+        cls, handler: UpcallHandler | None = None, *, rcvbuf: int = RCVBUF,
+    ) -> GenlChannel:
+        """Resolve the family, open and bind the netlink socket, start reading."""
+        family_id = await resolve_family()
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
+                             NETLINK_GENERIC)
+        try:
+            sock.bind((0, 0))
+            _set_rcvbuf(sock, rcvbuf)
+            sock.setsockopt(SOL_NETLINK, NETLINK_EXT_ACK, 1)
+        except OSError:
+            sock.close()
+            raise
+        channel = cls(sock, family_id, handler)
+        channel.start()
+        return channel
+
+    @property
+    def family_id(self) -> int:
+        return self._family_id
+
+    def start(self) -> None:
+        """Watch the socket on the running loop."""
+        self._loop = asyncio.get_running_loop()
+        self._closed = self._loop.create_future()
+        self._loop.add_reader(self._sock.fileno(), self._on_readable)
+
+    async def wait_closed(self) -> None:
+        """Returns when the socket failed or was closed."""
+        assert self._closed is not None, "start() first"
+        await asyncio.shield(self._closed)
+
+    def close(self) -> None:
+        if self._loop is not None and self._sock.fileno() >= 0:
+            self._loop.remove_reader(self._sock.fileno())
+        self._sock.close()
+        self._finish(ChannelError("channel closed"))
+
+    # -- control requests -------------------------------------------------
+
+    async def register(self, version: int = uapi.PROTO_VERSION) -> None:
+        """Become the module's responder (VGPU_CMD_REGISTER + VGPU_A_VERSION)."""
+        try:
+            await self._request("register", lambda seq: codec.encode_register(
+                self._family_id, seq, version))
+        except RequestFailed as exc:
+            if exc.errno == errno.EPROTONOSUPPORT:
+                theirs = await self._module_version()
+                raise ProtocolMismatch(
+                    f"module speaks protocol v{theirs}, daemon v{version}") from None
+            if exc.errno == errno.EBUSY:
+                raise AlreadyRegistered(
+                    "another vgpud is registered with the vgpu module") from None
+            raise
+
+    async def set_filter(self, filt: Filter) -> None:
+        await self._request("set filter", lambda seq: codec.encode_set_filter(
+            self._family_id, seq, filt))
+
+    async def get_stats(self) -> Stats:
+        replies = await self._request("get stats", lambda seq: codec.encode_get_stats(
+            self._family_id, seq))
+        for reply in replies:
+            if reply.cmd == uapi.Cmd.GET_STATS:
+                return codec.decode_stats(reply)
+        raise ChannelError("GET_STATS got no VGPU_A_STATS reply")
+
+    async def unregister(self) -> None:
+        await self._request("unregister", lambda seq: codec.encode_unregister(
+            self._family_id, seq))
+
+    async def _module_version(self) -> str:
+        try:
+            return str((await self.get_stats()).version)
+        except (ChannelError, DecodeError):
+            return "?"
+
+    async def _request(self, what: str, build: Callable[[int], bytes]) -> list[Reply]:
+        if self._closed is None or self._closed.done():
+            raise ChannelError(f"{what}: channel is not running")
+        self._seq = self._seq % 0x7FFFFFFF + 1  # seq 0 is the verdicts'
+        seq = self._seq
+        pending = _Pending(self._closed.get_loop().create_future())
+        self._pending[seq] = pending
+        try:
+            self._sock.send(build(seq))
+            return await asyncio.wait_for(pending.future, REQUEST_TIMEOUT)
+        except RequestFailed as exc:
+            if exc.errno == errno.EPERM:
+                why = exc.detail or "the vgpu module needs CAP_NET_ADMIN"
+                raise NotPermitted(f"{what}: {why}") from None
+            raise RequestFailed(what, exc.errno, exc.detail) from None
+        except TimeoutError:
+            raise ChannelError(f"{what}: no answer from the vgpu module") from None
+        except OSError as exc:
+            raise ChannelError(f"{what}: {exc}") from exc
+        finally:
+            self._pending.pop(seq, None)
+
+    # -- receive path -----------------------------------------------------
+
+    def _on_readable(self) -> None:
+        recv = self._sock.recv
+        for _ in range(BATCH):
+            try:
+                buf = recv(RECV_SIZE)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno == errno.ENOBUFS:
+                    self.stats.enobufs += 1
+                    log.warning("netlink receive queue overrun: upcalls lost (%d so far)",
+                                self.stats.enobufs)
+                    continue
+                log.error("netlink socket failed: %s", exc)
+                self._fail(exc)
+                return
+            if not buf:  # netlink never sends empty datagrams: the stand-in peer left
+                self._fail(ConnectionResetError("peer closed"))
+                return
+            self.stats.datagrams += 1
+            self._dispatch(buf)
+
+    def _dispatch(self, buf: bytes) -> None:
+        for msg in codec.decode_datagram(buf, self._family_id):
+            kind = type(msg)
+            if kind is Upcall:
+                if self._handler is None:
+                    log.warning("upcall %d with no handler; left to time out", msg.id)
+                    continue
+                self._send_verdict(msg.id, self._handler.on_upcall(msg))
+            elif kind is PostEvent or kind is CloseEvent:
+                if self._handler is not None:
+                    self._handler.on_event(msg)
+            elif kind is NlAck:
+                self._on_ack(msg)
+            elif kind is Reply:
+                pending = self._pending.get(msg.seq)
+                if pending is None:
+                    log.debug("reply for unknown request %d", msg.seq)
+                else:
+                    pending.replies.append(msg)
+            elif self._handler is None:
+                log.warning("malformed message: %s", msg)
+            else:
+                verdict = self._handler.on_malformed(msg)
+                if verdict is not None and msg.upcall_id is not None:
+                    self._send_verdict(msg.upcall_id, verdict)
+
+    def _send_verdict(self, upcall_id: int, verdict: Verdict) -> None:
+        try:
+            self._sock.send(self._encode_verdict(upcall_id, verdict))
+        except OSError as exc:
+            self.stats.send_errors += 1
+            log.error("verdict for upcall %d not sent: %s", upcall_id, exc)
+            return
+        self.stats.verdicts_sent += 1
+
+    def _on_ack(self, ack: NlAck) -> None:
+        pending = self._pending.get(ack.seq) if ack.seq else None
+        if pending is not None:
+            if pending.future.done():
+                return
+            if ack.errno:
+                pending.future.set_exception(
+                    RequestFailed(f"request {ack.seq}", ack.errno, ack.message))
+            else:
+                pending.future.set_result(pending.replies)
+            return
+        upcall_id = ack.upcall_id()
+        if upcall_id is not None:
+            self.stats.refused_verdicts += 1
+            log.warning("verdict for upcall %d refused: %s%s", upcall_id,
+                        os.strerror(ack.errno), f" ({ack.message})" if ack.message else "")
+        elif ack.errno:
+            log.warning("netlink error %s for request %d", os.strerror(ack.errno), ack.seq)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._loop is not None and self._sock.fileno() >= 0:
+            self._loop.remove_reader(self._sock.fileno())
+        self._finish(exc)
+
+    def _finish(self, exc: BaseException) -> None:
+        for pending in self._pending.values():
+            if not pending.future.done():
+                pending.future.set_exception(ChannelError(f"channel closed: {exc}"))
+        if self._closed is not None and not self._closed.done():
+            self._closed.set_result(None)
+
+
+def _set_rcvbuf(sock: socket.socket, size: int) -> None:
+    """A large receive buffer; SO_RCVBUFFORCE passes rmem_max when privileged."""
+    if os.geteuid() == 0:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, size)
+            return
+        except OSError:
+            pass
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)

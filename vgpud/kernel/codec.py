@@ -1,0 +1,400 @@
+"""Sans-I/O codec of the vgpu generic netlink family, with `struct` only.
+
+Kernel -> daemon: ``decode_datagram`` turns one received datagram into typed
+messages (Upcall, PostEvent, CloseEvent, Reply, NlAck), reporting a malformed
+message as a DecodeError value in its place so that one bad message never hides
+the others. Daemon -> kernel: ``encode_*`` build requests; ``VerdictEncoder``
+builds a verdict with a single ``struct.pack`` (the hot path).
+
+Decoding is strict: a message must carry only the attributes its command
+defines in protocol v1 (the version is fixed at registration, so anything else
+means the module and the daemon disagree on the contract), reserved fields
+must be zero and enum values known.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from vgpud.kernel import uapi
+from vgpud.kernel.cstruct import DecodeError
+from vgpud.kernel.uapi import Attr, Cmd, EventKind, Filter, Node, Stats, UpcallKind, Verdict
+
+__all__ = [
+    "CloseEvent",
+    "DecodeError",
+    "Event",
+    "Message",
+    "NlAck",
+    "Opener",
+    "PostEvent",
+    "Reply",
+    "Upcall",
+    "VerdictEncoder",
+    "decode_datagram",
+    "decode_stats",
+    "encode_get_stats",
+    "encode_register",
+    "encode_request",
+    "encode_set_filter",
+    "encode_unregister",
+]
+
+NLMSG_HDR = struct.Struct("=IHHII")
+GENL_HDR = struct.Struct("=BBH")
+NLA_HDR = struct.Struct("=HH")
+_I32 = struct.Struct("=i")
+_U32 = struct.Struct("=I")
+_U64 = struct.Struct("=Q")
+
+NLMSG_NOOP = 1
+NLMSG_ERROR = 2
+NLMSG_DONE = 3
+NLMSG_OVERRUN = 4
+NLM_F_REQUEST = 0x1
+NLM_F_ACK = 0x4
+NLM_F_CAPPED = 0x100
+NLM_F_ACK_TLVS = 0x200
+NLA_TYPE_MASK = 0x3FFF  # drops NLA_F_NESTED and NLA_F_NET_BYTEORDER
+NLMSGERR_ATTR_MSG = 1
+
+_HDRS = NLMSG_HDR.size + GENL_HDR.size
+
+
+class Opener(NamedTuple):
+    """Who opened the emulated file (recorded by the module at open)."""
+
+    pid: int
+    tgid: int
+    uid: int
+    gid: int
+    cgroup_id: int
+    cgroup: str | None  # cgroup v2 path; only OPEN upcalls carry it
+
+
+class Upcall(NamedTuple):
+    """VGPU_CMD_UPCALL: a call waiting for a verdict."""
+
+    id: int
+    ctx_id: int
+    kind: UpcallKind
+    node: Node
+    minor: int
+    cmd: int
+    nr: int
+    flags: int
+    opener: Opener
+    caller_pid: int
+    caller_tgid: int
+    params: bytes  # the ioctl params block (empty for OPEN, or when the module sent none)
+    data: bytes | None  # the buffer the matching rule points to, when copied
+
+
+class PostEvent(NamedTuple):
+    """VGPU_EVENT_POST: an allowed slow-path call returned."""
+
+    ctx_id: int
+    upcall_id: int
+    nr: int
+    ret: int
+    params: bytes
+    data: bytes | None
+
+
+class CloseEvent(NamedTuple):
+    """VGPU_EVENT_CLOSE: the last reference to a context is gone."""
+
+    ctx_id: int
+
+
+class Reply(NamedTuple):
+    """A kernel reply to one of our requests (e.g. GET_STATS)."""
+
+    seq: int
+    cmd: int
+    attrs: dict[int, bytes]
+
+
+class NlAck(NamedTuple):
+    """NLMSG_ERROR: an ACK (errno 0) or an error for request ``seq``.
+
+    ``request`` is the echoed request payload after its nlmsghdr (genl header
+    and attributes) unless the kernel capped it; ``message`` is the extended
+    ACK text when the socket asked for it.
+    """
+
+    seq: int
+    errno: int
+    request_type: int
+    request: bytes
+    message: str | None
+
+    def upcall_id(self) -> int | None:
+        """The upcall id of an echoed VERDICT request, if there is one."""
+        if len(self.request) < GENL_HDR.size or self.request[0] != Cmd.VERDICT:
+            return None
+        try:
+            attrs = _attrs(self.request, GENL_HDR.size, len(self.request), _ANY_ATTR)
+        except DecodeError:
+            return None
+        verdict = attrs.get(Attr.VERDICT)
+        if verdict is None or len(verdict) < 8:
+            return None
+        return _U64.unpack_from(verdict)[0]
+
+
+Event = PostEvent | CloseEvent
+Message = Upcall | PostEvent | CloseEvent | Reply | NlAck
+
+_KINDS = {int(k): k for k in UpcallKind}
+_NODES = {int(n): n for n in Node}
+_ANY_ATTR = frozenset(range(1, uapi.ATTR_MAX + 1))
+_UPCALL_ATTRS = {
+    UpcallKind.OPEN: frozenset({Attr.UPCALL, Attr.CGROUP}),
+    UpcallKind.IOCTL: frozenset({Attr.UPCALL, Attr.PARAMS, Attr.DATA}),
+}
+_A_UPCALL, _A_PARAMS, _A_DATA, _A_CGROUP = (
+    int(a) for a in (Attr.UPCALL, Attr.PARAMS, Attr.DATA, Attr.CGROUP))
+_CMD_UPCALL, _CMD_EVENT = int(Cmd.UPCALL), int(Cmd.EVENT)
+_NLA_UNPACK = NLA_HDR.unpack_from
+_NLMSG_UNPACK = NLMSG_HDR.unpack_from
+_new = tuple.__new__  # builds a NamedTuple without its Python-level __new__
+_EVENT_ATTRS = frozenset({Attr.EVENT, Attr.PARAMS, Attr.DATA})
+_UPCALL_UNPACK = uapi.UPCALL.struct.unpack_from
+_UPCALL_SIZE = uapi.UPCALL.size
+_EVENT_UNPACK = uapi.EVENT.struct.unpack_from
+
+
+def _align(n: int) -> int:
+    return (n + 3) & ~3
+
+
+def _attrs(buf: bytes, off: int, end: int, allowed: frozenset[int]) -> dict[int, bytes]:
+    """Parse netlink attributes in ``buf[off:end]``; each type at most once."""
+    attrs: dict[int, bytes] = {}
+    unpack = _NLA_UNPACK
+    while off < end:
+        if end - off < 4:
+            raise DecodeError(f"truncated attribute header at {off}")
+        nla_len, kind = unpack(buf, off)
+        kind &= NLA_TYPE_MASK
+        if nla_len < 4 or off + nla_len > end:
+            raise DecodeError(f"attribute {kind} length {nla_len} at {off}")
+        if kind not in allowed:
+            raise DecodeError(f"unexpected attribute {kind}")
+        if kind in attrs:
+            raise DecodeError(f"duplicate attribute {kind}")
+        attrs[kind] = buf[off + 4 : off + nla_len]
+        off += (nla_len + 3) & ~3
+    return attrs
+
+
+def _cgroup(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+
+def _decode_upcall(buf: bytes, off: int, end: int) -> Upcall:
+    try:
+        attrs = _attrs(buf, off, end, _ANY_ATTR)
+        head = attrs.get(_A_UPCALL)
+        if head is None:
+            raise DecodeError("upcall without VGPU_A_UPCALL")
+        if len(head) != _UPCALL_SIZE:
+            raise DecodeError(f"VGPU_A_UPCALL is {len(head)} bytes, expected {_UPCALL_SIZE}")
+        (uid_, ctx_id, cgroup_id, kind, node, minor, cmd, nr, flags, pid, tgid, uid, gid,
+         caller_pid, caller_tgid, res0, res1) = _UPCALL_UNPACK(head)
+    except DecodeError as exc:
+        exc.upcall_id = _salvage_id(buf, off, end)
+        raise
+    kind_e = _KINDS.get(kind)
+    node_e = _NODES.get(node)
+    params = attrs.get(_A_PARAMS)
+    problem = None
+    if kind_e is None or node_e is None:
+        problem = f"unknown upcall kind {kind} or node {node}"
+    elif res0 or res1:
+        problem = "nonzero reserved field in upcall"
+    elif not attrs.keys() <= _UPCALL_ATTRS[kind]:
+        problem = f"unexpected attributes {sorted(attrs.keys() - _UPCALL_ATTRS[kind])}"
+    if problem is not None:
+        raise DecodeError(problem, upcall_id=uid_)
+    cgroup = attrs.get(_A_CGROUP)
+    opener = _new(Opener, (pid, tgid, uid, gid, cgroup_id,
+                           None if cgroup is None else _cgroup(cgroup)))
+    return _new(Upcall, (uid_, ctx_id, kind_e, node_e, minor, cmd, nr, flags, opener,
+                         caller_pid, caller_tgid, params or b"", attrs.get(_A_DATA)))
+
+
+def _salvage_id(buf: bytes, off: int, end: int) -> int | None:
+    """Find the upcall id in a malformed upcall, walking attributes leniently."""
+    while end - off >= NLA_HDR.size:
+        nla_len, nla_type = NLA_HDR.unpack_from(buf, off)
+        if nla_len < NLA_HDR.size or off + nla_len > end:
+            return None
+        if nla_type & NLA_TYPE_MASK == Attr.UPCALL and nla_len >= NLA_HDR.size + 8:
+            return _U64.unpack_from(buf, off + NLA_HDR.size)[0]
+        off += _align(nla_len)
+    return None
+
+
+def _decode_event(buf: bytes, off: int, end: int) -> PostEvent | CloseEvent:
+    attrs = _attrs(buf, off, end, _EVENT_ATTRS)
+    head = attrs.get(Attr.EVENT)
+    if head is None or len(head) != uapi.EVENT.size:
+        raise DecodeError("event without a well-sized VGPU_A_EVENT")
+    ctx_id, upcall_id, kind, nr, ret, reserved = _EVENT_UNPACK(head)
+    if reserved:
+        raise DecodeError("nonzero reserved field in event")
+    if kind == EventKind.POST:
+        return PostEvent(ctx_id, upcall_id, nr, ret, attrs.get(Attr.PARAMS, b""),
+                         attrs.get(Attr.DATA))
+    if kind == EventKind.CLOSE:
+        if len(attrs) != 1:
+            raise DecodeError("CLOSE event with extra attributes")
+        return CloseEvent(ctx_id)
+    raise DecodeError(f"unknown event kind {kind}")
+
+
+def _decode_ack(buf: bytes, off: int, end: int, seq: int, flags: int) -> NlAck:
+    if end - off < _I32.size + NLMSG_HDR.size:
+        raise DecodeError("truncated NLMSG_ERROR")
+    (error,) = _I32.unpack_from(buf, off)
+    req_len, req_type, _f, _s, _p = NLMSG_HDR.unpack_from(buf, off + _I32.size)
+    req_off = off + _I32.size + NLMSG_HDR.size
+    if flags & NLM_F_CAPPED or error == 0:
+        req_end = req_off
+    else:
+        req_end = off + _I32.size + req_len
+        if req_len < NLMSG_HDR.size or req_end > end:
+            raise DecodeError(f"NLMSG_ERROR echoes a request of bad length {req_len}")
+    message = None
+    if flags & NLM_F_ACK_TLVS:
+        tlvs = _attrs(buf, _align(req_end), end, frozenset(range(1, NLA_TYPE_MASK + 1)))
+        text = tlvs.get(NLMSGERR_ATTR_MSG)
+        if text is not None:
+            message = text.split(b"\0", 1)[0].decode("utf-8", "replace")
+    return NlAck(seq, -error, req_type, buf[req_off:req_end], message)
+
+
+def decode_datagram(buf: bytes, family_id: int) -> list[Message | DecodeError]:
+    """Decode every netlink message of one datagram, in order.
+
+    A malformed message becomes a DecodeError in the list; a framing error
+    (bad nlmsg_len) ends the list, since nothing after it can be located.
+    NLMSG_NOOP/DONE/OVERRUN carry nothing for us and are skipped.
+    """
+    out: list[Message | DecodeError] = []
+    off, size = 0, len(buf)
+    unpack = _NLMSG_UNPACK
+    while off < size:
+        if size - off < 16:
+            out.append(DecodeError(f"truncated nlmsghdr at {off}"))
+            break
+        length, nl_type, flags, seq, _pid = unpack(buf, off)
+        end = off + length
+        if length < 16 or end > size:
+            out.append(DecodeError(f"nlmsg_len {length} at {off} of {size}"))
+            break
+        try:
+            if nl_type == family_id:
+                msg = _decode_genl(buf, off, end, seq)
+            elif nl_type == NLMSG_ERROR:
+                msg = _decode_ack(buf, off + NLMSG_HDR.size, end, seq, flags)
+            elif nl_type in (NLMSG_NOOP, NLMSG_DONE, NLMSG_OVERRUN):
+                msg = None
+            else:
+                raise DecodeError(f"netlink message type {nl_type} is not family {family_id}")
+        except DecodeError as exc:
+            msg = exc
+        if msg is not None:
+            out.append(msg)
+        off += _align(length)
+    return out
+
+
+def _decode_genl(buf: bytes, off: int, end: int, seq: int) -> Message:
+    if end - off < _HDRS:
+        raise DecodeError("truncated genlmsghdr")
+    cmd = buf[off + 16]
+    start = off + _HDRS
+    if cmd == _CMD_UPCALL:
+        return _decode_upcall(buf, start, end)
+    if cmd == _CMD_EVENT:
+        return _decode_event(buf, start, end)
+    if 0 < cmd <= uapi.CMD_MAX:
+        return Reply(seq, cmd, _attrs(buf, start, end, _ANY_ATTR))
+    raise DecodeError(f"unknown command {cmd}")
+
+
+def decode_stats(reply: Reply) -> Stats:
+    """The struct vgpu_stats of a GET_STATS reply."""
+    raw = reply.attrs.get(Attr.STATS)
+    if reply.cmd != Cmd.GET_STATS or raw is None:
+        raise DecodeError("not a GET_STATS reply with VGPU_A_STATS")
+    return Stats.unpack(raw)
+
+
+def _attr(kind: int, payload: bytes) -> bytes:
+    head = NLA_HDR.pack(NLA_HDR.size + len(payload), kind)
+    return head + payload + b"\0" * (_align(len(payload)) - len(payload))
+
+
+def encode_request(
+    family_id: int, cmd: int, seq: int, attrs: Iterable[tuple[int, bytes]] = (),
+    flags: int = NLM_F_REQUEST | NLM_F_ACK,
+) -> bytes:
+    """A generic netlink request of our family (reserved genl field zero)."""
+    body = b"".join(_attr(kind, payload) for kind, payload in attrs)
+    return (NLMSG_HDR.pack(_HDRS + len(body), family_id, flags, seq, 0)
+            + GENL_HDR.pack(cmd, uapi.GENL_VERSION, 0) + body)
+
+
+def encode_register(family_id: int, seq: int, version: int = uapi.PROTO_VERSION) -> bytes:
+    return encode_request(family_id, Cmd.REGISTER, seq, [(Attr.VERSION, _U32.pack(version))])
+
+
+def encode_set_filter(family_id: int, seq: int, filt: Filter) -> bytes:
+    """SET_FILTER with FILTER_FLAGS and RULES (always sent, empty for no rules)."""
+    rules = b"".join(rule.pack() for rule in filt.rules)
+    attrs = [(Attr.FILTER_FLAGS, _U32.pack(filt.flags)), (Attr.RULES, rules)]
+    return encode_request(family_id, Cmd.SET_FILTER, seq, attrs)
+
+
+def encode_get_stats(family_id: int, seq: int) -> bytes:
+    return encode_request(family_id, Cmd.GET_STATS, seq)
+
+
+def encode_unregister(family_id: int, seq: int) -> bytes:
+    return encode_request(family_id, Cmd.UNREGISTER, seq)
+
+
+class VerdictEncoder:
+    """Builds VERDICT messages: nlmsghdr + genlmsghdr + nlattr + struct in one pack.
+
+    Sent with NLM_F_REQUEST only and seq 0: the hot path asks for no ACK; the
+    kernel still reports a refused verdict as an NLMSG_ERROR echoing it.
+    """
+
+    __slots__ = ("_family_id", "_pack")
+
+    _STRUCT = struct.Struct("=IHHIIBBHHH" + uapi.VERDICT.struct.format[1:])
+
+    def __init__(self, family_id: int) -> None:
+        self._family_id = family_id
+        self._pack = self._STRUCT.pack
+
+    def encode(self, upcall_id: int, verdict: Verdict) -> bytes:
+        action, error, status, status_off = verdict
+        return self._pack(
+            _VERDICT_MSG_LEN, self._family_id, NLM_F_REQUEST, 0, 0,
+            _CMD_VERDICT, _GENL_VERSION, 0, _VERDICT_ATTR_LEN, _A_VERDICT,
+            upcall_id, action, error, status, status_off,
+        )
+
+
+_VERDICT_MSG_LEN = VerdictEncoder._STRUCT.size
+_VERDICT_ATTR_LEN = NLA_HDR.size + uapi.VERDICT.size
+_CMD_VERDICT, _A_VERDICT = int(Cmd.VERDICT), int(Attr.VERDICT)
+_GENL_VERSION = uapi.GENL_VERSION

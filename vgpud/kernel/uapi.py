@@ -1,0 +1,248 @@
+"""Mirror of kmod/include/uapi/linux/vgpu.h (protocol v1).
+
+Kept in agreement with the header by tests/unit/test_uapi_header.py (values)
+and tests/unit/test_uapi_layout.py (sizes and offsets, from gcc).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import NamedTuple
+
+from vgpud.kernel.cstruct import CStruct
+
+GENL_NAME = "vgpu"
+GENL_VERSION = 1
+PROTO_VERSION = 1
+
+OFF_NONE = 0xFFFFFFFF
+RULE_MATCH_MAX = 32
+RULES_MAX = 32
+PARAMS_MAX = 16384
+
+FILTER_OPEN = 1 << 0
+
+UPCALL_F_XFER = 1 << 0
+UPCALL_F_DATA_FAULT = 1 << 1
+UPCALL_F_DATA_BIG = 1 << 2
+
+ERRNO_MAX = 4095
+
+
+class Node(IntEnum):
+    CTL = 0
+    GPU = 1
+    UVM = 2
+
+
+class UpcallKind(IntEnum):
+    OPEN = 1
+    IOCTL = 2
+
+
+class VerdictAction(IntEnum):
+    ALLOW = 1
+    DENY = 2
+    FAIL_STATUS = 3
+
+
+class EventKind(IntEnum):
+    POST = 1
+    CLOSE = 2
+
+
+class Cmd(IntEnum):
+    UNSPEC = 0
+    REGISTER = 1
+    SET_FILTER = 2
+    GET_STATS = 3
+    UPCALL = 4
+    VERDICT = 5
+    EVENT = 6
+    UNREGISTER = 7
+
+
+CMD_MAX = max(Cmd)
+
+
+class Attr(IntEnum):
+    UNSPEC = 0
+    VERSION = 1
+    FILTER_FLAGS = 2
+    RULES = 3
+    STATS = 4
+    UPCALL = 5
+    PARAMS = 6
+    DATA = 7
+    CGROUP = 8
+    VERDICT = 9
+    EVENT = 10
+
+
+ATTR_MAX = max(Attr)
+
+RULE = CStruct(
+    "vgpu_rule",
+    ("node_mask", "I"),
+    ("nr", "I"),
+    ("size", "I"),
+    ("match_off", "I"),
+    ("ptr_off", "I"),
+    ("len_off", "I"),
+    ("n_match", "I"),
+    ("flags", "I"),
+    ("match", f"{RULE_MATCH_MAX}I"),
+)
+
+UPCALL = CStruct(
+    "vgpu_upcall",
+    ("id", "Q"),
+    ("ctx_id", "Q"),
+    ("cgroup_id", "Q"),
+    ("kind", "I"),
+    ("node", "I"),
+    ("minor", "I"),
+    ("cmd", "I"),
+    ("nr", "I"),
+    ("flags", "I"),
+    ("pid", "I"),
+    ("tgid", "I"),
+    ("uid", "I"),
+    ("gid", "I"),
+    ("caller_pid", "I"),
+    ("caller_tgid", "I"),
+    ("reserved", "2I"),
+)
+
+VERDICT = CStruct(
+    "vgpu_verdict",
+    ("id", "Q"),
+    ("action", "I"),
+    ("error", "I"),
+    ("status", "I"),
+    ("status_off", "I"),
+)
+
+EVENT = CStruct(
+    "vgpu_event",
+    ("ctx_id", "Q"),
+    ("upcall_id", "Q"),
+    ("kind", "I"),
+    ("nr", "I"),
+    ("ret", "i"),
+    ("reserved", "I"),
+)
+
+STATS = CStruct(
+    "vgpu_stats",
+    ("version", "I"),
+    ("daemon_portid", "I"),
+    *((name, "Q") for name in (
+        "contexts", "opens", "ioctls", "upcalls", "verdicts", "timeouts", "lost",
+        "fail_open", "fail_closed", "killed", "events", "events_lost", "bad_verdicts",
+        "mmaps",
+    )),
+)
+
+LAYOUTS = (RULE, UPCALL, VERDICT, EVENT, STATS)
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """struct vgpu_rule: one selector of the module's slow path."""
+
+    node_mask: int
+    nr: int
+    size: int
+    match_off: int = OFF_NONE
+    ptr_off: int = OFF_NONE
+    len_off: int = OFF_NONE
+    match: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.match) > RULE_MATCH_MAX:
+            raise ValueError(f"a rule matches at most {RULE_MATCH_MAX} values")
+        if self.match and self.match_off == OFF_NONE:
+            raise ValueError("match values need a match_off")
+        if (self.ptr_off == OFF_NONE) != (self.len_off == OFF_NONE):
+            raise ValueError("ptr_off and len_off go together")
+
+    def pack(self) -> bytes:
+        match = self.match + (0,) * (RULE_MATCH_MAX - len(self.match))
+        return RULE.struct.pack(
+            self.node_mask, self.nr, self.size, self.match_off, self.ptr_off,
+            self.len_off, len(self.match), 0, *match,
+        )
+
+    @classmethod
+    def unpack(cls, buf: bytes | memoryview) -> Rule:
+        node_mask, nr, size, match_off, ptr_off, len_off, n_match, _flags, *match = (
+            RULE.unpack_exact(buf)
+        )
+        return cls(node_mask, nr, size, match_off, ptr_off, len_off, tuple(match[:n_match]))
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    """What the module should send up: VGPU_A_FILTER_FLAGS and VGPU_A_RULES."""
+
+    flags: int = 0
+    rules: tuple[Rule, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.rules) > RULES_MAX:
+            raise ValueError(f"a filter holds at most {RULES_MAX} rules")
+
+    def __add__(self, other: Filter) -> Filter:
+        return Filter(self.flags | other.flags, self.rules + other.rules)
+
+
+class Verdict(NamedTuple):
+    """struct vgpu_verdict without its id (the channel adds the upcall's)."""
+
+    action: VerdictAction
+    error: int = 0
+    status: int = 0
+    status_off: int = 0
+
+    @classmethod
+    def deny(cls, error: int) -> Verdict:
+        if not 1 <= error <= ERRNO_MAX:
+            raise ValueError(f"errno out of range: {error}")
+        return cls(VerdictAction.DENY, error)
+
+    @classmethod
+    def fail_status(cls, status: int, status_off: int) -> Verdict:
+        if not 0 <= status <= 0xFFFFFFFF or not 0 <= status_off <= PARAMS_MAX - 4:
+            raise ValueError(f"bad FAIL_STATUS {status:#x} at {status_off}")
+        return cls(VerdictAction.FAIL_STATUS, 0, status, status_off)
+
+
+ALLOW = Verdict(VerdictAction.ALLOW)
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """struct vgpu_stats: module counters."""
+
+    version: int
+    daemon_portid: int
+    contexts: int
+    opens: int
+    ioctls: int
+    upcalls: int
+    verdicts: int
+    timeouts: int
+    lost: int
+    fail_open: int
+    fail_closed: int
+    killed: int
+    events: int
+    events_lost: int
+    bad_verdicts: int
+    mmaps: int
+
+    @classmethod
+    def unpack(cls, buf: bytes | memoryview) -> Stats:
+        return cls(*STATS.unpack_exact(buf))

@@ -1,0 +1,1 @@
+"""The NVIDIA kernel ABI: escapes, classes, param layouts and their decoders."""

@@ -1,0 +1,130 @@
+"""NVIDIA escape numbers, object classes, statuses and control ids.
+
+Numbers from docs nvidia-abi-facts.md (open-gpu-kernel-modules 595.45.04).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+IOCTL_MAGIC = ord("F")
+XFER_SIZE_MAX = 16384
+
+_IOC_NRBITS, _IOC_TYPEBITS, _IOC_SIZEBITS = 8, 8, 14
+_IOC_TYPESHIFT = _IOC_NRBITS
+_IOC_SIZESHIFT = _IOC_TYPESHIFT + _IOC_TYPEBITS
+_IOC_DIRSHIFT = _IOC_SIZESHIFT + _IOC_SIZEBITS
+_IOC_READ_WRITE = 3
+
+
+def iowr(nr: int, size: int) -> int:
+    """The command word ``_IOWR('F', nr, size)`` that callers issue."""
+    if not 0 <= size < 1 << _IOC_SIZEBITS:
+        raise ValueError(f"size {size} does not fit _IOC_SIZE; use IOCTL_XFER_CMD")
+    return (_IOC_READ_WRITE << _IOC_DIRSHIFT | size << _IOC_SIZESHIFT
+            | IOCTL_MAGIC << _IOC_TYPESHIFT | nr)
+
+
+def ioc_nr(cmd: int) -> int:
+    return cmd & ((1 << _IOC_NRBITS) - 1)
+
+
+def ioc_size(cmd: int) -> int:
+    return (cmd >> _IOC_SIZESHIFT) & ((1 << _IOC_SIZEBITS) - 1)
+
+
+class Escape(IntEnum):
+    """``_IOC_NR`` of the escapes on /dev/nvidiactl and /dev/nvidiaN."""
+
+    RM_ALLOC_MEMORY = 0x27
+    RM_FREE = 0x29
+    RM_CONTROL = 0x2A
+    RM_ALLOC = 0x2B
+    RM_DUP_OBJECT = 0x34
+    RM_SHARE = 0x35
+    RM_VID_HEAP_CONTROL = 0x4A
+    RM_MAP_MEMORY = 0x4E
+    RM_UNMAP_MEMORY = 0x4F
+    RM_MAP_MEMORY_DMA = 0x57
+    RM_UNMAP_MEMORY_DMA = 0x58
+    CARD_INFO = 200
+    REGISTER_FD = 201
+    ALLOC_OS_EVENT = 206
+    FREE_OS_EVENT = 207
+    CHECK_VERSION_STR = 210
+    IOCTL_XFER_CMD = 211
+    ATTACH_GPUS_TO_FD = 212
+    SYS_PARAMS = 214
+    EXPORT_TO_DMABUF_FD = 217
+    WAIT_OPEN_COMPLETE = 218
+
+
+class UvmCmd(IntEnum):
+    """nvidia-uvm command numbers (plain integers, not _IOC encoded)."""
+
+    INITIALIZE = 0x30000001
+    REGISTER_GPU_VASPACE = 25
+    REGISTER_CHANNEL = 27
+    MAP_EXTERNAL_ALLOCATION = 33
+    FREE = 34
+    REGISTER_GPU = 37
+    MIGRATE = 51
+    CREATE_EXTERNAL_RANGE = 73
+
+
+class NvClass(IntEnum):
+    ROOT_CLIENT = 0x41
+    DEVICE_0 = 0x80
+    SUBDEVICE_0 = 0x2080
+    FERMI_VASPACE_A = 0x90F1
+    MEMORY_LOCAL_PRIVILEGED = 0x3F
+    MEMORY_LOCAL_USER = 0x40
+    MEMORY_SYSTEM = 0x3E
+    MEMORY_VIRTUAL = 0x70
+    MEMORY_SYSTEM_OS_DESCRIPTOR = 0x71
+    NV50_MEMORY_VIRTUAL = 0x50A0
+    MEMORY_FABRIC = 0xF8
+    MEMORY_MULTICAST_FABRIC = 0xFD
+    KEPLER_CHANNEL_GROUP_A = 0xA06C
+    FERMI_CONTEXT_SHARE_A = 0x9067
+    AMPERE_CHANNEL_GPFIFO_A = 0xC56F
+    HOPPER_CHANNEL_GPFIFO_A = 0xC86F
+    BLACKWELL_CHANNEL_GPFIFO_A = 0xC96F
+
+
+# Classes whose allocation takes device memory (charged against a quota).
+DEVICE_MEMORY_CLASSES = frozenset({NvClass.MEMORY_LOCAL_USER, NvClass.MEMORY_LOCAL_PRIVILEGED})
+
+
+class NvStatus(IntEnum):
+    OK = 0x0
+    NO_MEMORY = 0x51
+
+
+class VidHeapFunction(IntEnum):
+    """NVOS32.function values that matter for memory accounting."""
+
+    ALLOC_SIZE = 2
+    FREE = 3
+    INFO = 5
+
+
+class Ctrl(IntEnum):
+    """RM control command ids (NVOS54.cmd)."""
+
+    OS_UNIX_GET_CONTROL_FILE_DESCRIPTOR = 0x3D04
+    OS_UNIX_EXPORT_OBJECT_TO_FD = 0x3D05
+    OS_UNIX_IMPORT_OBJECT_FROM_FD = 0x3D06
+    OS_UNIX_GET_EXPORT_OBJECT_INFO = 0x3D08
+    OS_UNIX_CREATE_EXPORT_OBJECT_FD = 0x3D0A
+    OS_UNIX_EXPORT_OBJECTS_TO_FD = 0x3D0B
+    OS_UNIX_IMPORT_OBJECTS_FROM_FD = 0x3D0C
+    FIFO_DISABLE_CHANNELS = 0x2080110B
+    FB_GET_INFO = 0x20801301
+    FB_GET_INFO_V2 = 0x20801303
+    GPFIFO_SCHEDULE = 0xA06C0101
+    SET_TIMESLICE = 0xA06C0103
+    GET_TIMESLICE = 0xA06C0104
+    PREEMPT = 0xA06C0105
+    SET_INTERLEAVE_LEVEL = 0xA06C0107
+    GET_INTERLEAVE_LEVEL = 0xA06C0108

@@ -1,0 +1,321 @@
+"""NVIDIA param layouts (x86-64) and typed decoders for the intercepted escapes.
+
+Each layout is pinned by tests (sizes and offsets from nvidia-abi-facts.md and
+nvos.h, and checked with gcc). Decoders take the params block exactly as the
+caller passed it (and the buffer a rule copied, when there is one) and raise
+DecodeError on anything that does not fit.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from vgpud.kernel.cstruct import CStruct, DecodeError
+from vgpud.nvidia.escapes import DEVICE_MEMORY_CLASSES, Escape, NvClass, VidHeapFunction
+
+__all__ = [
+    "Call",
+    "DecodeError",
+    "DeviceAllocParams",
+    "MemoryAllocParams",
+    "RmAlloc",
+    "RmAllocMemory",
+    "RmControl",
+    "RmDupObject",
+    "RmFree",
+    "RmMapMemory",
+    "VidHeapAllocSize",
+    "VidHeapControl",
+    "decode_call",
+    "status_offset",
+]
+
+NVOS00 = CStruct(
+    "NVOS00_PARAMETERS",
+    ("hRoot", "I"), ("hObjectParent", "I"), ("hObjectOld", "I"), ("status", "I"),
+)
+NVOS21 = CStruct(
+    "NVOS21_PARAMETERS",
+    ("hRoot", "I"), ("hObjectParent", "I"), ("hObjectNew", "I"), ("hClass", "I"),
+    ("pAllocParms", "Q"), ("paramsSize", "I"), ("status", "I"),
+)
+NVOS64 = CStruct(
+    "NVOS64_PARAMETERS",
+    ("hRoot", "I"), ("hObjectParent", "I"), ("hObjectNew", "I"), ("hClass", "I"),
+    ("pAllocParms", "Q"), ("pRightsRequested", "Q"), ("paramsSize", "I"), ("flags", "I"),
+    ("status", "I"), (None, "4x"),
+)
+NVOS54 = CStruct(
+    "NVOS54_PARAMETERS",
+    ("hClient", "I"), ("hObject", "I"), ("cmd", "I"), ("flags", "I"),
+    ("params", "Q"), ("paramsSize", "I"), ("status", "I"),
+)
+NVOS33_WITH_FD = CStruct(
+    "nv_ioctl_nvos33_parameters_with_fd",
+    ("hClient", "I"), ("hDevice", "I"), ("hMemory", "I"), (None, "4x"),
+    ("offset", "Q"), ("length", "Q"), ("pLinearAddress", "Q"), ("status", "I"),
+    ("flags", "I"), ("fd", "i"), (None, "4x"),
+)
+NVOS02_WITH_FD = CStruct(
+    "nv_ioctl_nvos02_parameters_with_fd",
+    ("hRoot", "I"), ("hObjectParent", "I"), ("hObjectNew", "I"), ("hClass", "I"),
+    ("flags", "I"), (None, "4x"), ("pMemory", "Q"), ("limit", "Q"), ("status", "I"),
+    (None, "4x"), ("fd", "i"), (None, "4x"),
+)
+# NVOS32 with its data union seen as AllocSize (the union is 144 B, set by HwAlloc).
+NVOS32 = CStruct(
+    "NVOS32_PARAMETERS",
+    ("hRoot", "I"), ("hObjectParent", "I"), ("function", "I"), ("hVASpace", "I"),
+    ("ivcHeapNumber", "h"), (None, "2x"), ("status", "I"), ("total", "Q"), ("free", "Q"),
+    ("owner", "I"), ("hMemory", "I"), ("type", "I"), ("flags", "I"), ("attr", "I"),
+    ("format", "I"), ("comprCovg", "I"), ("zcullCovg", "I"), ("partitionStride", "I"),
+    ("width", "I"), ("height", "I"), (None, "4x"), ("size", "Q"), ("alignment", "Q"),
+    ("offset", "Q"), ("limit", "Q"), ("address", "Q"), ("rangeBegin", "Q"),
+    ("rangeEnd", "Q"), ("attr2", "I"), ("ctagOffset", "I"), (None, "32x"),
+)
+NVOS55 = CStruct(
+    "NVOS55_PARAMETERS",
+    ("hClient", "I"), ("hParent", "I"), ("hObject", "I"), ("hClientSrc", "I"),
+    ("hObjectSrc", "I"), ("flags", "I"), ("status", "I"),
+)
+NV_MEMORY_ALLOCATION_PARAMS = CStruct(
+    "NV_MEMORY_ALLOCATION_PARAMS",
+    ("owner", "I"), ("type", "I"), ("flags", "I"), ("width", "I"), ("height", "I"),
+    ("pitch", "i"), ("attr", "I"), ("attr2", "I"), ("format", "I"), ("comprCovg", "I"),
+    ("zcullCovg", "I"), (None, "4x"), ("rangeLo", "Q"), ("rangeHi", "Q"), ("size", "Q"),
+    ("alignment", "Q"), ("offset", "Q"), ("limit", "Q"), ("address", "Q"),
+    ("ctagOffset", "I"), ("hVASpace", "I"), ("internalflags", "I"), ("tag", "I"),
+    ("numaNode", "i"), (None, "4x"),
+)
+NV0080_ALLOC_PARAMETERS = CStruct(
+    "NV0080_ALLOC_PARAMETERS",
+    ("deviceId", "I"), ("hClientShare", "I"), ("hTargetClient", "I"),
+    ("hTargetDevice", "I"), ("flags", "I"), (None, "4x"), ("vaSpaceSize", "Q"),
+    ("vaStartInternal", "Q"), ("vaLimitInternal", "Q"), ("vaMode", "I"), (None, "4x"),
+)
+
+LAYOUTS = (NVOS00, NVOS21, NVOS64, NVOS54, NVOS33_WITH_FD, NVOS02_WITH_FD, NVOS32, NVOS55,
+           NV_MEMORY_ALLOCATION_PARAMS, NV0080_ALLOC_PARAMETERS)
+
+# Where `status` lies in each params block, by (escape, params size).
+_STATUS_OFFSETS = {
+    (Escape.RM_FREE, NVOS00.size): NVOS00.offsets["status"],
+    (Escape.RM_ALLOC, NVOS21.size): NVOS21.offsets["status"],
+    (Escape.RM_ALLOC, NVOS64.size): NVOS64.offsets["status"],
+    (Escape.RM_CONTROL, NVOS54.size): NVOS54.offsets["status"],
+    (Escape.RM_MAP_MEMORY, NVOS33_WITH_FD.size): NVOS33_WITH_FD.offsets["status"],
+    (Escape.RM_ALLOC_MEMORY, NVOS02_WITH_FD.size): NVOS02_WITH_FD.offsets["status"],
+    (Escape.RM_VID_HEAP_CONTROL, NVOS32.size): NVOS32.offsets["status"],
+    (Escape.RM_DUP_OBJECT, NVOS55.size): NVOS55.offsets["status"],
+}
+
+
+def status_offset(nr: int, size: int) -> int | None:
+    """Offset of the NVIDIA status in a params block of this escape and size."""
+    return _STATUS_OFFSETS.get((nr, size))
+
+
+class MemoryAllocParams(NamedTuple):
+    """NV_MEMORY_ALLOCATION_PARAMS (alloc params of classes 0x40 / 0x3F)."""
+
+    owner: int
+    type: int
+    flags: int
+    width: int
+    height: int
+    pitch: int
+    attr: int
+    attr2: int
+    format: int
+    compr_covg: int
+    zcull_covg: int
+    range_lo: int
+    range_hi: int
+    size: int
+    alignment: int
+    offset: int
+    limit: int
+    address: int
+    ctag_offset: int
+    h_va_space: int
+    internal_flags: int
+    tag: int
+    numa_node: int
+
+
+class DeviceAllocParams(NamedTuple):
+    """NV0080_ALLOC_PARAMETERS (alloc params of NV01_DEVICE_0)."""
+
+    device_id: int
+    h_client_share: int
+    h_target_client: int
+    h_target_device: int
+    flags: int
+    va_space_size: int
+    va_start_internal: int
+    va_limit_internal: int
+    va_mode: int
+
+
+class RmFree(NamedTuple):
+    h_root: int
+    h_parent: int
+    h_object: int
+    status: int
+
+
+class RmAlloc(NamedTuple):
+    """RM_ALLOC as NVOS21 (32 B) or NVOS64 (48 B; rights and flags)."""
+
+    h_root: int
+    h_parent: int
+    h_new: int
+    h_class: int
+    p_alloc_params: int
+    params_size: int
+    flags: int
+    status: int
+    status_off: int
+    alloc: MemoryAllocParams | DeviceAllocParams | None  # decoded when copied
+
+
+class RmControl(NamedTuple):
+    h_client: int
+    h_object: int
+    cmd: int
+    flags: int
+    p_params: int
+    params_size: int
+    status: int
+    data: bytes | None  # the control's params, when copied
+
+
+class RmMapMemory(NamedTuple):
+    h_client: int
+    h_device: int
+    h_memory: int
+    offset: int
+    length: int
+    p_linear_address: int
+    status: int
+    flags: int
+    fd: int
+
+
+class RmAllocMemory(NamedTuple):
+    h_root: int
+    h_parent: int
+    h_new: int
+    h_class: int
+    flags: int
+    p_memory: int
+    limit: int
+    status: int
+    fd: int
+
+
+class VidHeapAllocSize(NamedTuple):
+    """The AllocSize member of NVOS32's data union (function ALLOC_SIZE)."""
+
+    owner: int
+    h_memory: int
+    type: int
+    flags: int
+    attr: int
+    attr2: int
+    size: int
+    alignment: int
+    offset: int
+
+
+class VidHeapControl(NamedTuple):
+    h_root: int
+    h_parent: int
+    function: int
+    h_va_space: int
+    status: int
+    h_memory: int  # hMemory of ALLOC_SIZE and FREE (same offset in both)
+    alloc: VidHeapAllocSize | None  # function ALLOC_SIZE only
+
+
+class RmDupObject(NamedTuple):
+    h_client: int
+    h_parent: int
+    h_object: int
+    h_client_src: int
+    h_object_src: int
+    flags: int
+    status: int
+
+
+Call = (RmFree | RmAlloc | RmControl | RmMapMemory | RmAllocMemory | VidHeapControl
+        | RmDupObject)
+
+
+_new = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__
+_MEM_UNPACK, _MEM_SIZE = NV_MEMORY_ALLOCATION_PARAMS.struct.unpack, NV_MEMORY_ALLOCATION_PARAMS.size
+_NVOS21_UNPACK, _NVOS21_STATUS = NVOS21.struct.unpack, NVOS21.offsets["status"]
+_NVOS64_STATUS = NVOS64.offsets["status"]
+_DEVICE_0 = int(NvClass.DEVICE_0)
+
+
+def _alloc_params(h_class: int, data: bytes | None) -> MemoryAllocParams | DeviceAllocParams | None:
+    if data is None:
+        return None
+    if h_class in DEVICE_MEMORY_CLASSES:
+        if len(data) != _MEM_SIZE:
+            raise DecodeError(f"NV_MEMORY_ALLOCATION_PARAMS: {len(data)} bytes, need {_MEM_SIZE}")
+        return _new(MemoryAllocParams, _MEM_UNPACK(data))
+    if h_class == _DEVICE_0:
+        return _new(DeviceAllocParams, NV0080_ALLOC_PARAMETERS.unpack_exact(data))
+    return None
+
+
+def _rm_alloc(params: bytes, data: bytes | None) -> RmAlloc:
+    if len(params) == 32:
+        h_root, h_parent, h_new, h_class, ptr, size, status = _NVOS21_UNPACK(params)
+        flags, status_off = 0, _NVOS21_STATUS
+    elif len(params) == 48:
+        (h_root, h_parent, h_new, h_class, ptr, _rights, size, flags,
+         status) = NVOS64.unpack_exact(params)
+        status_off = _NVOS64_STATUS
+    else:
+        raise DecodeError(f"RM_ALLOC params of {len(params)} bytes: neither NVOS21 nor NVOS64")
+    return _new(RmAlloc, (h_root, h_parent, h_new, h_class, ptr, size, flags, status,
+                          status_off, _alloc_params(h_class, data)))
+
+
+def _rm_control(params: bytes, data: bytes | None) -> RmControl:
+    return _new(RmControl, (*NVOS54.unpack_exact(params), data))
+
+
+def _vid_heap(params: bytes, _data: bytes | None) -> VidHeapControl:
+    (h_root, h_parent, function, h_va_space, _ivc, status, _total, _free, owner, h_memory,
+     type_, flags, attr, _format, _compr, _zcull, _stride, _width, _height, size, alignment,
+     offset, _limit, _address, _begin, _end, attr2, _ctag) = NVOS32.unpack_exact(params)
+    alloc = None
+    if function == VidHeapFunction.ALLOC_SIZE:
+        alloc = VidHeapAllocSize(owner, h_memory, type_, flags, attr, attr2, size, alignment,
+                                 offset)
+    return VidHeapControl(h_root, h_parent, function, h_va_space, status, h_memory, alloc)
+
+
+_DECODERS = {
+    Escape.RM_FREE: lambda p, _d: RmFree(*NVOS00.unpack_exact(p)),
+    Escape.RM_ALLOC: _rm_alloc,
+    Escape.RM_CONTROL: _rm_control,
+    Escape.RM_MAP_MEMORY: lambda p, _d: RmMapMemory(*NVOS33_WITH_FD.unpack_exact(p)),
+    Escape.RM_ALLOC_MEMORY: lambda p, _d: RmAllocMemory(*NVOS02_WITH_FD.unpack_exact(p)),
+    Escape.RM_VID_HEAP_CONTROL: _vid_heap,
+    Escape.RM_DUP_OBJECT: lambda p, _d: RmDupObject(*NVOS55.unpack_exact(p)),
+}
+
+
+def decode_call(nr: int, params: bytes, data: bytes | None = None) -> Call | None:
+    """Decode an RM escape's params (and copied buffer); None for escapes not decoded.
+
+    ``nr`` is the escape after IOCTL_XFER_CMD unwrapping (the upcall's ``nr``);
+    only meaningful on the ctl and GPU nodes.
+    """
+    decoder = _DECODERS.get(nr)
+    return None if decoder is None else decoder(params, data)

@@ -1,0 +1,73 @@
+"""Builders of the module's filter rules (struct vgpu_rule) for NVIDIA escapes.
+
+A rule selects calls by escape, exact params size and a u32 key in the params
+(object class, control command), and names the user pointer whose buffer the
+module copies into the upcall (the alloc params, the control params).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from vgpud.kernel.cstruct import CStruct
+from vgpud.kernel.uapi import FILTER_OPEN, Filter, Node, Rule
+from vgpud.nvidia.escapes import Escape
+from vgpud.nvidia.layouts import NVOS21, NVOS54, NVOS64
+
+__all__ = ["parse_filter_spec", "rm_alloc_classes", "rm_control_cmds"]
+
+_RM_NODES = 1 << Node.CTL
+
+
+def _keys(values: Iterable[int]) -> tuple[int, ...]:
+    keys = tuple(sorted(set(values)))
+    if not keys:
+        raise ValueError("a rule needs at least one value to match")
+    if any(not 0 <= k <= 0xFFFFFFFF for k in keys):
+        raise ValueError("match values are u32")
+    return keys
+
+
+def rm_alloc_classes(classes: Iterable[int]) -> tuple[Rule, Rule]:
+    """RM_ALLOC of these object classes, as NVOS21 (32 B) and NVOS64 (48 B)."""
+    keys = _keys(classes)
+    return _rm_alloc_rule(NVOS21, keys), _rm_alloc_rule(NVOS64, keys)
+
+
+def _rm_alloc_rule(layout: CStruct, keys: tuple[int, ...]) -> Rule:
+    return Rule(
+        node_mask=_RM_NODES,
+        nr=Escape.RM_ALLOC,
+        size=layout.size,
+        match_off=layout.offsets["hClass"],
+        ptr_off=layout.offsets["pAllocParms"],
+        len_off=layout.offsets["paramsSize"],
+        match=keys,
+    )
+
+
+def rm_control_cmds(cmds: Iterable[int]) -> Rule:
+    """RM_CONTROL of these command ids, with their params copied."""
+    return Rule(
+        node_mask=_RM_NODES,
+        nr=Escape.RM_CONTROL,
+        size=NVOS54.size,
+        match_off=NVOS54.offsets["cmd"],
+        ptr_off=NVOS54.offsets["params"],
+        len_off=NVOS54.offsets["paramsSize"],
+        match=_keys(cmds),
+    )
+
+
+def parse_filter_spec(spec: str) -> Filter:
+    """Parse a ``--filter`` value: ``open``, ``alloc:0x40,0x3f`` or ``control:0xa06c0101``."""
+    kind, _, values = spec.partition(":")
+    if kind == "open" and not values:
+        return Filter(flags=FILTER_OPEN)
+    numbers = [int(v, 0) for v in values.split(",") if v]
+    if kind == "alloc":
+        return Filter(rules=rm_alloc_classes(numbers))
+    if kind == "control":
+        return Filter(rules=(rm_control_cmds(numbers),))
+    raise ValueError(f"bad filter {spec!r}: expected open, alloc:CLASSES or control:CMDS")
+

@@ -1,0 +1,197 @@
+"""Runtime changes to tenants, persisted in /var/lib/vgpud/state.json.
+
+The config file says what the administrator wrote; this file says what was
+changed at runtime since (over D-Bus / vgpuctl), so that it survives restarts.
+
+Merge rule (state over config, by tenant name):
+- a tenant created at runtime replaces a config tenant of the same name, in
+  that tenant's place in config order (rule precedence); others come after the
+  config tenants, in creation order;
+- a runtime change to a config tenant (memory, weight, cap, priority) overrides
+  only the fields it changed; later edits of other fields in the config apply;
+- a config tenant deleted at runtime stays deleted until created again;
+- pid bindings name tenants; a binding to a tenant that no longer exists is
+  ignored. Runtime bindings take precedence over config `pids`.
+Entries that name tenants no longer in the config are ignored, not errors.
+
+Writes are atomic: a crash at any point leaves either the old or the new file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from contextlib import suppress
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from vgpud.config import DEFAULT_STATE_PATH, describe
+from vgpud.core.tenants import Tenant, TenantName
+
+CHANGEABLE = frozenset({"memory", "weight", "cap", "priority"})
+
+
+class StateError(Exception):
+    """The state file cannot be read or is corrupt: the daemon should not guess."""
+
+    def __init__(self, path: Path | str, problem: str) -> None:
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"{path}: {problem}")
+
+
+class ChangeError(ValueError):
+    """A runtime change that cannot apply (unknown or existing tenant, bad value)."""
+
+
+def _check_change(fields: dict[str, Any]) -> dict[str, Any]:
+    if unknown := set(fields) - CHANGEABLE:
+        raise ValueError(f"not changeable at runtime: {', '.join(sorted(unknown))}")
+    return fields
+
+
+_Pid = Annotated[int, Field(ge=1)]
+
+
+class RuntimeState(BaseModel):
+    """Everything changed at runtime. Immutable: changes return a new state."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: Literal[1] = 1
+    created: tuple[Tenant, ...] = ()
+    changed: dict[TenantName, dict[str, Any]] = {}
+    deleted: tuple[TenantName, ...] = ()
+    bindings: dict[_Pid, TenantName] = {}
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RuntimeState:
+        names = [t.name for t in self.created]
+        if len(set(names)) != len(names):
+            raise ValueError("created lists a tenant twice")
+        if both := set(names) & (set(self.deleted) | set(self.changed)):
+            raise ValueError(f"created and deleted/changed at once: {sorted(both)}")
+        for name, fields in self.changed.items():
+            _check_change(fields)
+            Tenant.model_validate({"name": name, **fields})
+        return self
+
+    # --- the merged view ---
+
+    def tenants(self, config: Sequence[Tenant]) -> tuple[Tenant, ...]:
+        """The effective tenants, in resolution order (see the module docstring)."""
+        created = {t.name: t for t in self.created}
+        out: list[Tenant] = []
+        for tenant in config:
+            if tenant.name in created:
+                out.append(created.pop(tenant.name))
+            elif tenant.name not in self.deleted:
+                fields = self.changed.get(tenant.name)
+                out.append(tenant.replace(**fields) if fields else tenant)
+        out.extend(created.values())
+        return tuple(out)
+
+    def effective_bindings(self, config: Sequence[Tenant]) -> dict[int, str]:
+        """Runtime pid bindings to tenants that exist."""
+        names = {t.name for t in self.tenants(config)}
+        return {pid: name for pid, name in self.bindings.items() if name in names}
+
+    # --- changes ---
+
+    def create(self, config: Sequence[Tenant], tenant: Tenant) -> RuntimeState:
+        if any(t.name == tenant.name for t in self.tenants(config)):
+            raise ChangeError(f"tenant {tenant.name!r} exists")
+        return self._with(
+            created=(*self.created, tenant),
+            deleted=tuple(n for n in self.deleted if n != tenant.name),
+        )
+
+    def delete(self, config: Sequence[Tenant], name: str) -> RuntimeState:
+        """Delete a tenant and its bindings."""
+        self._existing(config, name)
+        in_config = any(t.name == name for t in config)
+        return self._with(
+            created=tuple(t for t in self.created if t.name != name),
+            changed={n: f for n, f in self.changed.items() if n != name},
+            deleted=(*self.deleted, name) if in_config else self.deleted,
+            bindings={p: n for p, n in self.bindings.items() if n != name},
+        )
+
+    def change(self, config: Sequence[Tenant], name: str, /, **fields: Any) -> RuntimeState:
+        """Set memory / weight / cap / priority of a tenant (validated)."""
+        try:
+            _check_change(fields)
+            updated = self._existing(config, name).replace(**fields)
+        except (ValueError, ValidationError) as e:
+            raise ChangeError(f"{name}: {e}") from e
+        if any(t.name == name for t in self.created):
+            return self._with(
+                created=tuple(updated if t.name == name else t for t in self.created)
+            )
+        dumped = updated.model_dump(mode="json", include=set(fields))
+        merged = {**self.changed.get(name, {}), **dumped}
+        return self._with(changed={**self.changed, name: merged})
+
+    def bind(self, config: Sequence[Tenant], pid: int, name: str) -> RuntimeState:
+        self._existing(config, name)
+        if pid < 1:
+            raise ChangeError(f"invalid pid {pid}")
+        return self._with(bindings={**self.bindings, pid: name})
+
+    def unbind(self, pid: int) -> RuntimeState:
+        if pid not in self.bindings:
+            raise ChangeError(f"pid {pid} is not bound")
+        return self._with(bindings={p: n for p, n in self.bindings.items() if p != pid})
+
+    def _existing(self, config: Sequence[Tenant], name: str) -> Tenant:
+        for tenant in self.tenants(config):
+            if tenant.name == name:
+                return tenant
+        raise ChangeError(f"no tenant named {name!r}")
+
+    def _with(self, **fields: Any) -> RuntimeState:
+        return RuntimeState.model_validate({**dict(self), **fields})
+
+
+def load_state(path: Path | str = DEFAULT_STATE_PATH) -> RuntimeState:
+    """The saved state; an empty one if the file does not exist; StateError if corrupt."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return RuntimeState()
+    except (OSError, UnicodeDecodeError) as e:
+        raise StateError(path, f"cannot read: {e}") from e
+    try:
+        return RuntimeState.model_validate(json.loads(text))
+    except json.JSONDecodeError as e:
+        raise StateError(path, f"corrupt (not JSON): {e}") from e
+    except ValidationError as e:
+        key, problem = describe(e)
+        raise StateError(path, f"corrupt: {key or '(top level)'}: {problem}") from e
+
+
+def save_state(state: RuntimeState, path: Path | str = DEFAULT_STATE_PATH) -> None:
+    """Write atomically and durably: temp file in the same directory, fsync,
+    rename over the old file, fsync the directory (so the rename survives)."""
+    path = Path(path)
+    data = state.model_dump_json(indent=2).encode() + b"\n"
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
