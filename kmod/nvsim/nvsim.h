@@ -1,0 +1,167 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/*
+ * nvsim: a simulated NVIDIA driver for tests.  Internal declarations.
+ *
+ * Locking
+ *   nvsim_lock (objects.c) is one mutex for all RM state: the client table,
+ *   every object tree, GPU memory usage, per-file object counts, the
+ *   register link and the mmap context of each file.  It is never held
+ *   across copy_from_user/copy_to_user of caller memory, so a page fault on
+ *   an nvsim mapping inside a copy never waits for it.
+ *   A backing store (mmap.c) has no lock of its own: its pages live in an
+ *   xarray filled with xa_cmpxchg from the fault handler, and its lifetime
+ *   is a kref held by the memory object, by mmap contexts and by VMAs.
+ */
+#ifndef NVSIM_H
+#define NVSIM_H
+
+#include <linux/fs.h>
+#include <linux/kref.h>
+#include <linux/list.h>
+#include <linux/mutex.h>
+#include <linux/types.h>
+#include <linux/xarray.h>
+
+#include "nv_abi.h"
+
+#define NVSIM_MAX_GPUS		8
+#define NVSIM_MINOR_UVM		254
+#define NVSIM_MINOR_CTL		255
+#define NVSIM_MINORS		256
+
+/* Bound on objects (clients, objects, CPU mappings) per ctl file. */
+#define NVSIM_MAX_OBJECTS	4096
+/* Bound on clients of all files (well below the client handle range). */
+#define NVSIM_MAX_CLIENTS	65536
+
+#define NVSIM_VERSION_STRING	"595.45.04"
+#define NVSIM_PCI_VENDOR	0x10de
+#define NVSIM_PCI_DEVICE	0x2330
+
+struct nvsim_gpu {
+	unsigned int index;
+	u64 capacity;		/* bytes */
+	u64 used;		/* bytes charged; nvsim_lock */
+	u64 next_fb;		/* bump allocator for FB offsets; nvsim_lock */
+};
+
+extern struct nvsim_gpu nvsim_gpus[NVSIM_MAX_GPUS];
+extern unsigned int nvsim_ngpus;
+extern struct mutex nvsim_lock;
+
+static inline u32 nvsim_gpu_id(const struct nvsim_gpu *gpu)
+{
+	return (gpu->index + 1) << 8;
+}
+
+/* Base of a GPU's simulated BAR1: RM_MAP_MEMORY returns addresses in it. */
+static inline u64 nvsim_bar1_base(const struct nvsim_gpu *gpu)
+{
+	return (u64)(0x2000 + gpu->index) << 32;
+}
+
+enum nvsim_file_kind {
+	NVSIM_FILE_GPU,
+	NVSIM_FILE_CTL,
+	NVSIM_FILE_UVM,
+};
+
+struct nvsim_store;
+
+/* A validated RM_MAP_MEMORY waiting for (or serving) mmap on a GPU file. */
+struct nvsim_mapctx {
+	struct nvsim_store *store;	/* counted reference */
+	pgoff_t first_page;		/* in the store */
+	pgoff_t npages;
+};
+
+struct nvsim_file {
+	enum nvsim_file_kind kind;
+	struct nvsim_gpu *gpu;		/* GPU files only */
+	struct list_head clients;	/* clients owned; nvsim_lock */
+	unsigned int nobjs;		/* objects charged here; nvsim_lock */
+	struct file *ctl_file;		/* REGISTER_FD target, held; nvsim_lock */
+	struct nvsim_mapctx *mapctx;	/* one per file, like nvlfp; nvsim_lock */
+	bool attached;			/* ATTACH_GPUS_TO_FD done; nvsim_lock */
+	bool uvm_initialized;		/* nvsim_lock */
+	u64 uvm_flags;
+};
+
+enum nvsim_obj_kind {
+	NVSIM_OBJ_CLIENT,
+	NVSIM_OBJ_DEVICE,
+	NVSIM_OBJ_SUBDEVICE,
+	NVSIM_OBJ_MEMORY,	/* charged local memory, or system memory */
+	NVSIM_OBJ_VIRTUAL,	/* address space only */
+	NVSIM_OBJ_VASPACE,
+	NVSIM_OBJ_TSG,
+};
+
+struct nvsim_client;
+
+/* An RM object; all fields under nvsim_lock. */
+struct nvsim_obj {
+	u32 handle;
+	u32 hclass;
+	enum nvsim_obj_kind kind;
+	struct nvsim_client *client;
+	struct nvsim_obj *parent;	/* NULL for the client itself */
+	struct list_head children;
+	struct list_head sibling;
+	struct nvsim_gpu *gpu;		/* device and below */
+	union {
+		struct {
+			u64 size;		/* page aligned */
+			u64 fb_offset;
+			bool charged;
+			struct nvsim_store *store;	/* lazily, counted */
+			struct list_head cpumaps;
+		} mem;
+		struct {
+			u64 timeslice_us;
+			bool enabled;
+		} tsg;
+	};
+};
+
+/* An RM CPU mapping record, found again by RM_UNMAP_MEMORY. */
+struct nvsim_cpumap {
+	struct list_head node;
+	u64 address;
+};
+
+struct nvsim_client {
+	struct nvsim_obj root;
+	struct xarray objects;		/* handle -> nvsim_obj */
+	struct nvsim_file *owner;
+	struct list_head owner_node;
+	pid_t tgid;
+	u32 next_handle;
+};
+
+/* main.c */
+bool nvsim_is_own_file(struct file *file);
+
+/* ioctl.c */
+long nvsim_ioctl(struct file *file, unsigned int cmd, unsigned long arg);
+
+/* objects.c */
+int nvsim_rm_alloc(struct nvsim_file *nf, void *buf, u32 size);
+int nvsim_rm_free(struct nvsim_file *nf, struct nvos00 *p);
+int nvsim_rm_control(struct nvsim_file *nf, struct nvos54 *p);
+int nvsim_rm_alloc_memory(struct nvsim_file *nf, struct nvos02_with_fd *p);
+int nvsim_rm_vid_heap(struct nvsim_file *nf, struct nvos32 *p);
+int nvsim_rm_map_memory(struct nvsim_file *nf, struct nvos33_with_fd *p);
+int nvsim_rm_unmap_memory(struct nvsim_file *nf, struct nvos34 *p);
+void nvsim_file_free_clients(struct nvsim_file *nf);
+
+/* mmap.c */
+int nvsim_store_init(void);
+void nvsim_store_exit(void);
+struct nvsim_store *nvsim_store_create(pgoff_t npages);
+void nvsim_store_get(struct nvsim_store *store);
+void nvsim_store_put(struct nvsim_store *store);
+void nvsim_mapctx_free(struct nvsim_mapctx *ctx);
+int nvsim_mmap(struct file *file, struct vm_area_struct *vma);
+
+#endif /* NVSIM_H */

@@ -1,0 +1,889 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * nvsim RM objects: clients, their object trees, GPU memory capacity,
+ * controls, and the RM side of CPU mappings.
+ *
+ * Clients are global (one handle space, like resserv) but usable only
+ * through the control file that owns them, or a file registered to it.
+ * Every RM call here reports its outcome in the params' status field and
+ * returns 0; user pointers inside params give a status when they fault.
+ */
+#include <linux/bits.h>
+#include <linux/file.h>
+#include <linux/mm.h>
+#include <linux/mutex.h>
+#include <linux/sched.h>
+#include <linux/slab.h>
+#include <linux/uaccess.h>
+#include <linux/xarray.h>
+
+#include "nvsim.h"
+
+/* See nvsim.h: all RM state. */
+DEFINE_MUTEX(nvsim_lock);
+
+/* Client handle -> struct nvsim_client; nvsim_lock. */
+static DEFINE_XARRAY(nvsim_clients);
+/* Next generated client handle, as an offset from the base; nvsim_lock. */
+static u32 nvsim_next_client;
+/* Clients of all files; nvsim_lock. */
+static unsigned int nvsim_nclients;
+
+/* Largest virtual allocation accepted (it charges nothing). */
+#define NVSIM_MAX_VIRTUAL	BIT_ULL(50)
+
+union nvsim_alloc_params {
+	struct nv0080_alloc_params device;
+	struct nv2080_alloc_params subdevice;
+	struct nv_memory_allocation_params memory;
+	struct nv_vaspace_allocation_params vaspace;
+	struct nv_channel_group_allocation_params tsg;
+};
+
+struct nvsim_class {
+	u32 hclass;
+	enum nvsim_obj_kind kind;
+	u32 params_size;	/* 0: parameters are ignored */
+	bool params_optional;	/* NULL/0 accepted */
+};
+
+static const struct nvsim_class nvsim_classes[] = {
+	{ NV01_ROOT_CLIENT, NVSIM_OBJ_CLIENT, 0, true },
+	{ NV01_DEVICE_0, NVSIM_OBJ_DEVICE,
+	  sizeof(struct nv0080_alloc_params), false },
+	{ NV20_SUBDEVICE_0, NVSIM_OBJ_SUBDEVICE,
+	  sizeof(struct nv2080_alloc_params), true },
+	{ NV01_MEMORY_LOCAL_USER, NVSIM_OBJ_MEMORY,
+	  sizeof(struct nv_memory_allocation_params), false },
+	{ NV01_MEMORY_LOCAL_PRIVILEGED, NVSIM_OBJ_MEMORY,
+	  sizeof(struct nv_memory_allocation_params), false },
+	{ NV50_MEMORY_VIRTUAL, NVSIM_OBJ_VIRTUAL,
+	  sizeof(struct nv_memory_allocation_params), false },
+	{ FERMI_VASPACE_A, NVSIM_OBJ_VASPACE,
+	  sizeof(struct nv_vaspace_allocation_params), true },
+	{ KEPLER_CHANNEL_GROUP_A, NVSIM_OBJ_TSG,
+	  sizeof(struct nv_channel_group_allocation_params), true },
+};
+
+static const struct nvsim_class *nvsim_find_class(u32 hclass)
+{
+	unsigned int i;
+
+	for (i = 0; i < ARRAY_SIZE(nvsim_classes); i++)
+		if (nvsim_classes[i].hclass == hclass)
+			return &nvsim_classes[i];
+	return NULL;
+}
+
+/* The file whose clients a call on @nf may use; nvsim_lock. */
+static struct nvsim_file *nvsim_owner(struct nvsim_file *nf)
+{
+	return nf->ctl_file ? nf->ctl_file->private_data : nf;
+}
+
+static struct nvsim_client *nvsim_client_get(struct nvsim_file *nf, u32 h)
+{
+	struct nvsim_client *c = xa_load(&nvsim_clients, h);
+
+	if (!c || c->owner != nvsim_owner(nf))
+		return NULL;
+	return c;
+}
+
+static struct nvsim_obj *nvsim_obj_get(struct nvsim_client *c, u32 h)
+{
+	return xa_load(&c->objects, h);
+}
+
+static bool nvsim_is_gpu_parent(const struct nvsim_obj *o)
+{
+	return o->kind == NVSIM_OBJ_DEVICE || o->kind == NVSIM_OBJ_SUBDEVICE;
+}
+
+static bool nvsim_is_memory(const struct nvsim_obj *o)
+{
+	return o->kind == NVSIM_OBJ_MEMORY || o->kind == NVSIM_OBJ_VIRTUAL;
+}
+
+/*
+ * Copies the allocation or control parameters a user pointer names.  As
+ * rmapiParamsAcquire: a pointer without a size or a size without a
+ * pointer is an invalid argument, a fault an invalid address.
+ */
+static u32 nvsim_copy_params(u64 uptr, u32 size, void *dst, u32 want,
+			     bool optional)
+{
+	if (!!size != !!uptr)
+		return NV_ERR_INVALID_ARGUMENT;
+	if (!want)
+		return NV_OK;
+	if (!size) {
+		if (!optional)
+			return NV_ERR_INVALID_ARGUMENT;
+		memset(dst, 0, want);
+		return NV_OK;
+	}
+	if (size != want)
+		return NV_ERR_INVALID_PARAM_STRUCT;
+	if (copy_from_user(dst, u64_to_user_ptr(uptr), size))
+		return NV_ERR_INVALID_ADDRESS;
+	return NV_OK;
+}
+
+/* A requested handle must be free; 0 asks for a generated one. */
+static u32 nvsim_check_handle(struct nvsim_client *c, u32 h)
+{
+	if (h && xa_load(&c->objects, h))
+		return NV_ERR_INSERT_DUPLICATE_NAME;
+	if (c->owner->nobjs >= NVSIM_MAX_OBJECTS)
+		return NV_ERR_INSUFFICIENT_RESOURCES;
+	return NV_OK;
+}
+
+static u32 nvsim_gen_handle(struct nvsim_client *c)
+{
+	u32 h;
+
+	/* At most NVSIM_MAX_OBJECTS are taken, so this ends quickly. */
+	do {
+		h = NV_UNIQUE_HANDLE_BASE + c->next_handle;
+		c->next_handle = (c->next_handle + 1) % NV_UNIQUE_HANDLE_RANGE;
+	} while (xa_load(&c->objects, h));
+	return h;
+}
+
+/* Creates and links an object; the caller checked the handle. */
+static u32 nvsim_obj_new(struct nvsim_client *c, struct nvsim_obj *parent,
+			 u32 *handle, u32 hclass, enum nvsim_obj_kind kind,
+			 struct nvsim_obj **out)
+{
+	struct nvsim_obj *obj;
+	u32 h = *handle ? *handle : nvsim_gen_handle(c);
+
+	obj = kzalloc(sizeof(*obj), GFP_KERNEL);
+	if (!obj)
+		return NV_ERR_NO_MEMORY;
+	if (xa_insert(&c->objects, h, obj, GFP_KERNEL)) {
+		kfree(obj);
+		return NV_ERR_NO_MEMORY;
+	}
+	obj->handle = h;
+	obj->hclass = hclass;
+	obj->kind = kind;
+	obj->client = c;
+	obj->parent = parent;
+	obj->gpu = parent->gpu;
+	INIT_LIST_HEAD(&obj->children);
+	list_add_tail(&obj->sibling, &parent->children);
+	if (nvsim_is_memory(obj))
+		INIT_LIST_HEAD(&obj->mem.cpumaps);
+	c->owner->nobjs++;
+	*handle = h;
+	*out = obj;
+	return NV_OK;
+}
+
+/* Frees @obj and, first, everything under it; returns their capacity. */
+static void nvsim_obj_free(struct nvsim_obj *obj)
+{
+	struct nvsim_client *c = obj->client;
+	struct nvsim_obj *child, *tmp;
+	struct nvsim_cpumap *map, *mtmp;
+
+	list_for_each_entry_safe(child, tmp, &obj->children, sibling)
+		nvsim_obj_free(child);
+
+	xa_erase(&c->objects, obj->handle);
+	c->owner->nobjs--;
+
+	if (nvsim_is_memory(obj)) {
+		if (obj->mem.charged)
+			obj->gpu->used -= obj->mem.size;
+		list_for_each_entry_safe(map, mtmp, &obj->mem.cpumaps, node) {
+			list_del(&map->node);
+			kfree(map);
+			c->owner->nobjs--;
+		}
+		if (obj->mem.store)
+			nvsim_store_put(obj->mem.store);
+	}
+
+	if (obj->kind != NVSIM_OBJ_CLIENT) {
+		list_del(&obj->sibling);
+		kfree(obj);
+		return;
+	}
+	xa_erase(&nvsim_clients, c->root.handle);
+	nvsim_nclients--;
+	list_del(&c->owner_node);
+	xa_destroy(&c->objects);
+	kfree(c);
+}
+
+void nvsim_file_free_clients(struct nvsim_file *nf)
+{
+	struct nvsim_client *c, *tmp;
+
+	lockdep_assert_held(&nvsim_lock);
+	list_for_each_entry_safe(c, tmp, &nf->clients, owner_node)
+		nvsim_obj_free(&c->root);
+}
+
+static u32 nvsim_client_alloc(struct nvsim_file *nf, u32 *handle)
+{
+	struct nvsim_file *owner = nvsim_owner(nf);
+	struct nvsim_client *c;
+	u32 h = *handle;
+
+	if (h && xa_load(&nvsim_clients, h))
+		return NV_ERR_INSERT_DUPLICATE_NAME;
+	if (owner->nobjs >= NVSIM_MAX_OBJECTS ||
+	    nvsim_nclients >= NVSIM_MAX_CLIENTS)
+		return NV_ERR_INSUFFICIENT_RESOURCES;
+	/* Fewer clients than handles, so this ends. */
+	while (!h) {
+		h = NV_CLIENT_HANDLE_BASE + nvsim_next_client;
+		nvsim_next_client = (nvsim_next_client + 1) % NV_CLIENT_HANDLE_MAX;
+		if (xa_load(&nvsim_clients, h))
+			h = 0;
+	}
+
+	c = kzalloc(sizeof(*c), GFP_KERNEL);
+	if (!c)
+		return NV_ERR_NO_MEMORY;
+	xa_init(&c->objects);
+	c->owner = owner;
+	c->tgid = task_tgid_nr(current);
+	c->root.handle = h;
+	c->root.hclass = NV01_ROOT_CLIENT;
+	c->root.kind = NVSIM_OBJ_CLIENT;
+	c->root.client = c;
+	INIT_LIST_HEAD(&c->root.children);
+	if (xa_insert(&c->objects, h, &c->root, GFP_KERNEL))
+		goto err_free;
+	if (xa_insert(&nvsim_clients, h, c, GFP_KERNEL))
+		goto err_objects;
+	list_add_tail(&c->owner_node, &owner->clients);
+	owner->nobjs++;
+	nvsim_nclients++;
+	*handle = h;
+	return NV_OK;
+
+err_objects:
+	xa_destroy(&c->objects);
+err_free:
+	kfree(c);
+	return NV_ERR_NO_MEMORY;
+}
+
+/*
+ * Memory objects: local memory (charged against the GPU), system memory
+ * (not charged; RM_ALLOC_MEMORY only) and virtual ranges (not charged).
+ * Sizes round up to the page; *size and *offset return what was given.
+ */
+static u32 nvsim_mem_alloc(struct nvsim_client *c, struct nvsim_obj *parent,
+			   u32 *handle, u32 hclass, u64 *size, u64 *offset,
+			   struct nvsim_obj **out)
+{
+	bool virt = hclass == NV50_MEMORY_VIRTUAL;
+	bool charged = hclass == NV01_MEMORY_LOCAL_USER ||
+		       hclass == NV01_MEMORY_LOCAL_PRIVILEGED;
+	struct nvsim_gpu *gpu;
+	struct nvsim_obj *obj;
+	u64 sz = *size;
+	u32 st;
+
+	if (!nvsim_is_gpu_parent(parent))
+		return NV_ERR_INVALID_OBJECT_PARENT;
+	st = nvsim_check_handle(c, *handle);
+	if (st)
+		return st;
+	gpu = parent->gpu;
+	if (!sz)
+		return NV_ERR_INVALID_ARGUMENT;
+	if (virt) {
+		if (sz > NVSIM_MAX_VIRTUAL)
+			return NV_ERR_INVALID_LIMIT;
+	} else if (sz > gpu->capacity) {
+		return NV_ERR_NO_MEMORY;
+	}
+	sz = PAGE_ALIGN(sz);
+	if (charged && sz > gpu->capacity - gpu->used)
+		return NV_ERR_NO_MEMORY;
+
+	st = nvsim_obj_new(c, parent, handle, hclass,
+			   virt ? NVSIM_OBJ_VIRTUAL : NVSIM_OBJ_MEMORY, &obj);
+	if (st)
+		return st;
+	obj->mem.size = sz;
+	obj->mem.charged = charged;
+	if (!virt) {
+		obj->mem.fb_offset = gpu->next_fb;
+		gpu->next_fb += sz;
+	}
+	if (charged)
+		gpu->used += sz;
+	*size = sz;
+	*offset = obj->mem.fb_offset;
+	if (out)
+		*out = obj;
+	return NV_OK;
+}
+
+static u32 nvsim_alloc_locked(struct nvsim_file *nf, u32 hroot, u32 hparent,
+			      u32 *handle, const struct nvsim_class *cls,
+			      union nvsim_alloc_params *prm)
+{
+	struct nvsim_client *c;
+	struct nvsim_obj *parent, *obj;
+	u32 st;
+
+	if (cls->kind == NVSIM_OBJ_CLIENT)
+		return nvsim_client_alloc(nf, handle);
+
+	c = nvsim_client_get(nf, hroot);
+	if (!c)
+		return NV_ERR_INVALID_CLIENT;
+	parent = nvsim_obj_get(c, hparent);
+	if (!parent)
+		return NV_ERR_INVALID_OBJECT_PARENT;
+
+	switch (cls->kind) {
+	case NVSIM_OBJ_MEMORY:
+	case NVSIM_OBJ_VIRTUAL:
+		st = nvsim_mem_alloc(c, parent, handle, cls->hclass,
+				     &prm->memory.size, &prm->memory.offset,
+				     NULL);
+		if (!st)
+			prm->memory.limit = prm->memory.size - 1;
+		return st;
+	case NVSIM_OBJ_DEVICE:
+		if (parent->kind != NVSIM_OBJ_CLIENT)
+			return NV_ERR_INVALID_OBJECT_PARENT;
+		st = nvsim_check_handle(c, *handle);
+		if (st)
+			return st;
+		if (prm->device.device_id >= NV_MAX_DEVICES)
+			return NV_ERR_INVALID_ARGUMENT;
+		if (prm->device.device_id >= nvsim_ngpus)
+			return NV_ERR_INVALID_STATE;
+		st = nvsim_obj_new(c, parent, handle, cls->hclass, cls->kind,
+				   &obj);
+		if (!st)
+			obj->gpu = &nvsim_gpus[prm->device.device_id];
+		return st;
+	case NVSIM_OBJ_SUBDEVICE:
+		if (parent->kind != NVSIM_OBJ_DEVICE)
+			return NV_ERR_INVALID_OBJECT_PARENT;
+		st = nvsim_check_handle(c, *handle);
+		if (st)
+			return st;
+		if (prm->subdevice.sub_device_id != 0)
+			return NV_ERR_INVALID_ARGUMENT;
+		return nvsim_obj_new(c, parent, handle, cls->hclass, cls->kind,
+				     &obj);
+	case NVSIM_OBJ_VASPACE:
+	case NVSIM_OBJ_TSG:
+		if (parent->kind != NVSIM_OBJ_DEVICE)
+			return NV_ERR_INVALID_OBJECT_PARENT;
+		st = nvsim_check_handle(c, *handle);
+		if (st)
+			return st;
+		st = nvsim_obj_new(c, parent, handle, cls->hclass, cls->kind,
+				   &obj);
+		if (!st && cls->kind == NVSIM_OBJ_TSG)
+			obj->tsg.timeslice_us = NVA06C_DEFAULT_TIMESLICE_US;
+		return st;
+	default:
+		return NV_ERR_INVALID_CLASS;
+	}
+}
+
+/* NV_ESC_RM_ALLOC: NVOS21 (32 B) or NVOS64 (48 B). */
+int nvsim_rm_alloc(struct nvsim_file *nf, void *buf, u32 size)
+{
+	struct nvos21 *p = buf;
+	struct nvos64 *p64 = buf;
+	bool access = size == sizeof(*p64);
+	u32 *status = access ? &p64->status : &p->status;
+	u32 psize = access ? p64->params_size : p->params_size;
+	const struct nvsim_class *cls;
+	union nvsim_alloc_params prm;
+	u32 st;
+
+	/* Userspace root allocations become NV01_ROOT_CLIENT. */
+	if (p->h_class == NV01_ROOT || p->h_class == NV01_ROOT_NON_PRIV)
+		p->h_class = NV01_ROOT_CLIENT;
+
+	cls = nvsim_find_class(p->h_class);
+	if (!cls) {
+		*status = NV_ERR_INVALID_CLASS;
+		return 0;
+	}
+	st = nvsim_copy_params(p->p_alloc_parms, psize, &prm, cls->params_size,
+			       cls->params_optional);
+	if (st) {
+		*status = st;
+		return 0;
+	}
+
+	mutex_lock(&nvsim_lock);
+	st = nvsim_alloc_locked(nf, p->h_root, p->h_object_parent,
+				&p->h_object_new, cls, &prm);
+	mutex_unlock(&nvsim_lock);
+
+	/* Output fields of the class parameters (memory size/offset/limit). */
+	if (!st && cls->params_size && psize &&
+	    copy_to_user(u64_to_user_ptr(p->p_alloc_parms), &prm, psize))
+		pr_debug("nvsim: alloc params copy-out failed\n");
+	*status = st;
+	return 0;
+}
+
+/* NV_ESC_RM_FREE: frees the object and its subtree (a client: all of it). */
+int nvsim_rm_free(struct nvsim_file *nf, struct nvos00 *p)
+{
+	struct nvsim_client *c;
+	struct nvsim_obj *obj;
+
+	mutex_lock(&nvsim_lock);
+	c = nvsim_client_get(nf, p->h_root);
+	if (!c) {
+		p->status = NV_ERR_INVALID_CLIENT;
+	} else {
+		obj = nvsim_obj_get(c, p->h_object_old);
+		if (!obj) {
+			p->status = NV_ERR_INVALID_OBJECT_HANDLE;
+		} else {
+			nvsim_obj_free(obj);
+			p->status = NV_OK;
+		}
+	}
+	mutex_unlock(&nvsim_lock);
+	return 0;
+}
+
+/* ---- controls ---- */
+
+struct nvsim_ctrl {
+	u32 cmd;
+	enum nvsim_obj_kind kind;	/* class the control is exported on */
+	u32 size;
+};
+
+static const struct nvsim_ctrl nvsim_ctrls[] = {
+	{ NV2080_CTRL_CMD_FB_GET_INFO, NVSIM_OBJ_SUBDEVICE,
+	  sizeof(struct nv2080_fb_get_info_params) },
+	{ NV2080_CTRL_CMD_FB_GET_INFO_V2, NVSIM_OBJ_SUBDEVICE,
+	  sizeof(struct nv2080_fb_get_info_v2_params) },
+	{ NVA06C_CTRL_CMD_GPFIFO_SCHEDULE, NVSIM_OBJ_TSG,
+	  sizeof(struct nva06c_gpfifo_schedule_params) },
+	{ NVA06C_CTRL_CMD_SET_TIMESLICE, NVSIM_OBJ_TSG,
+	  sizeof(struct nva06c_timeslice_params) },
+	{ NVA06C_CTRL_CMD_GET_TIMESLICE, NVSIM_OBJ_TSG,
+	  sizeof(struct nva06c_timeslice_params) },
+};
+
+static u32 nvsim_ctrl_target(struct nvsim_file *nf, const struct nvos54 *p,
+			     struct nvsim_obj **out)
+{
+	struct nvsim_client *c = nvsim_client_get(nf, p->h_client);
+
+	if (!c)
+		return NV_ERR_INVALID_CLIENT;
+	*out = nvsim_obj_get(c, p->h_object);
+	return *out ? NV_OK : NV_ERR_INVALID_OBJECT_HANDLE;
+}
+
+/* FB info in KiB from the GPU's capacity and usage; nvsim_lock. */
+static u32 nvsim_fb_info(const struct nvsim_gpu *gpu, struct nv2080_fb_info *list,
+			 u32 n)
+{
+	u32 i;
+
+	if (!n || n > NV2080_CTRL_FB_INFO_MAX_LIST_SIZE)
+		return NV_ERR_INVALID_ARGUMENT;
+	for (i = 0; i < n; i++) {
+		switch (list[i].index) {
+		case NV2080_CTRL_FB_INFO_INDEX_RAM_SIZE:
+		case NV2080_CTRL_FB_INFO_INDEX_TOTAL_RAM_SIZE:
+		case NV2080_CTRL_FB_INFO_INDEX_HEAP_SIZE:
+		case NV2080_CTRL_FB_INFO_INDEX_USABLE_RAM_SIZE:
+			list[i].data = gpu->capacity >> 10;
+			break;
+		case NV2080_CTRL_FB_INFO_INDEX_HEAP_FREE:
+			list[i].data = (gpu->capacity - gpu->used) >> 10;
+			break;
+		default:
+			if (list[i].index > NV2080_CTRL_FB_INFO_INDEX_MAX)
+				return NV_ERR_INVALID_ARGUMENT;
+			list[i].data = 0;
+			break;
+		}
+	}
+	return NV_OK;
+}
+
+static u32 nvsim_ctrl_run(struct nvsim_obj *obj, u32 cmd, void *prm,
+			  struct nv2080_fb_info *list)
+{
+	struct nv2080_fb_get_info_params *fb = prm;
+	struct nv2080_fb_get_info_v2_params *fb2 = prm;
+	struct nva06c_gpfifo_schedule_params *sched = prm;
+	struct nva06c_timeslice_params *ts = prm;
+
+	switch (cmd) {
+	case NV2080_CTRL_CMD_FB_GET_INFO:
+		return nvsim_fb_info(obj->gpu, list, fb->list_size);
+	case NV2080_CTRL_CMD_FB_GET_INFO_V2:
+		return nvsim_fb_info(obj->gpu, fb2->list, fb2->list_size);
+	case NVA06C_CTRL_CMD_GPFIFO_SCHEDULE:
+		obj->tsg.enabled = !!sched->b_enable;
+		return NV_OK;
+	case NVA06C_CTRL_CMD_SET_TIMESLICE:
+		if (!ts->timeslice_us)
+			return NV_ERR_INVALID_ARGUMENT;
+		obj->tsg.timeslice_us = ts->timeslice_us;
+		return NV_OK;
+	case NVA06C_CTRL_CMD_GET_TIMESLICE:
+		ts->timeslice_us = obj->tsg.timeslice_us;
+		return NV_OK;
+	default:
+		return NV_ERR_NOT_SUPPORTED;
+	}
+}
+
+static const struct nvsim_ctrl *nvsim_find_ctrl(u32 cmd)
+{
+	unsigned int i;
+
+	for (i = 0; i < ARRAY_SIZE(nvsim_ctrls); i++)
+		if (nvsim_ctrls[i].cmd == cmd)
+			return &nvsim_ctrls[i];
+	return NULL;
+}
+
+/*
+ * NV_ESC_RM_CONTROL.  Order of checks: params pointer/size pairing, client,
+ * object, command exported on the object's class (else NOT_SUPPORTED),
+ * exact params size (else INVALID_PARAM_STRUCT), copy-in.  The params are
+ * copied outside nvsim_lock and the target looked up again under it.
+ */
+static u32 nvsim_control(struct nvsim_file *nf, struct nvos54 *p)
+{
+	const struct nvsim_ctrl *ctrl = nvsim_find_ctrl(p->cmd);
+	struct nv2080_fb_info *list = NULL;
+	struct nv2080_fb_get_info_params *fb;
+	struct nvsim_obj *obj;
+	void *prm;
+	u32 st;
+
+	if (!!p->params_size != !!p->params)
+		return NV_ERR_INVALID_ARGUMENT;
+
+	mutex_lock(&nvsim_lock);
+	st = nvsim_ctrl_target(nf, p, &obj);
+	if (!st && (!ctrl || ctrl->kind != obj->kind))
+		st = NV_ERR_NOT_SUPPORTED;
+	mutex_unlock(&nvsim_lock);
+	if (st)
+		return st;
+	if (p->params_size != ctrl->size)
+		return NV_ERR_INVALID_PARAM_STRUCT;
+
+	prm = kmalloc(ctrl->size, GFP_KERNEL);
+	if (!prm)
+		return NV_ERR_NO_MEMORY;
+	if (copy_from_user(prm, u64_to_user_ptr(p->params), ctrl->size)) {
+		st = NV_ERR_INVALID_ADDRESS;
+		goto out;
+	}
+
+	/* FB_GET_INFO points at its list: copy that in too. */
+	fb = prm;
+	if (p->cmd == NV2080_CTRL_CMD_FB_GET_INFO) {
+		if (!fb->list_size ||
+		    fb->list_size > NV2080_CTRL_FB_INFO_MAX_LIST_SIZE ||
+		    !fb->list) {
+			st = NV_ERR_INVALID_ARGUMENT;
+			goto out;
+		}
+		list = kmalloc_array(fb->list_size, sizeof(*list), GFP_KERNEL);
+		if (!list) {
+			st = NV_ERR_NO_MEMORY;
+			goto out;
+		}
+		if (copy_from_user(list, u64_to_user_ptr(fb->list),
+				   fb->list_size * sizeof(*list))) {
+			st = NV_ERR_INVALID_ADDRESS;
+			goto out;
+		}
+	}
+
+	mutex_lock(&nvsim_lock);
+	st = nvsim_ctrl_target(nf, p, &obj);
+	if (!st && obj->kind != ctrl->kind)
+		st = NV_ERR_NOT_SUPPORTED;
+	if (!st)
+		st = nvsim_ctrl_run(obj, p->cmd, prm, list);
+	mutex_unlock(&nvsim_lock);
+
+	if (!st && list &&
+	    copy_to_user(u64_to_user_ptr(fb->list), list,
+			 fb->list_size * sizeof(*list)))
+		st = NV_ERR_INVALID_ADDRESS;
+	if (!st && copy_to_user(u64_to_user_ptr(p->params), prm, ctrl->size))
+		st = NV_ERR_INVALID_ADDRESS;
+out:
+	kfree(list);
+	kfree(prm);
+	return st;
+}
+
+int nvsim_rm_control(struct nvsim_file *nf, struct nvos54 *p)
+{
+	p->status = nvsim_control(nf, p);
+	return 0;
+}
+
+/* ---- other memory paths ---- */
+
+/*
+ * NV_ESC_RM_ALLOC_MEMORY (nvidiaN only): classes NV01_MEMORY_SYSTEM (not
+ * charged) and NV01_MEMORY_LOCAL_USER/PRIVILEGED (charged); size is
+ * limit + 1; pMemory returns the object's BAR1 address.  The fd field is
+ * not used (nvsim maps all memory through nvidiaN).
+ */
+int nvsim_rm_alloc_memory(struct nvsim_file *nf, struct nvos02_with_fd *p)
+{
+	struct nvsim_client *c;
+	struct nvsim_obj *parent, *obj;
+	u64 size, offset;
+	u32 st;
+
+	if (p->h_class != NV01_MEMORY_SYSTEM &&
+	    p->h_class != NV01_MEMORY_LOCAL_USER &&
+	    p->h_class != NV01_MEMORY_LOCAL_PRIVILEGED) {
+		p->status = NV_ERR_INVALID_CLASS;
+		return 0;
+	}
+	if (p->limit == U64_MAX) {
+		p->status = NV_ERR_INVALID_LIMIT;
+		return 0;
+	}
+	size = p->limit + 1;
+
+	mutex_lock(&nvsim_lock);
+	c = nvsim_client_get(nf, p->h_root);
+	if (!c) {
+		st = NV_ERR_INVALID_CLIENT;
+		goto out;
+	}
+	parent = nvsim_obj_get(c, p->h_object_parent);
+	if (!parent) {
+		st = NV_ERR_INVALID_OBJECT_PARENT;
+		goto out;
+	}
+	st = nvsim_mem_alloc(c, parent, &p->h_object_new, p->h_class, &size,
+			     &offset, &obj);
+	if (!st) {
+		p->limit = size - 1;
+		p->p_memory = nvsim_bar1_base(obj->gpu) + offset;
+	}
+out:
+	mutex_unlock(&nvsim_lock);
+	p->status = st;
+	return 0;
+}
+
+static u32 nvsim_vid_heap_locked(struct nvsim_file *nf, struct nvos32 *p)
+{
+	struct nvos32_alloc_size *a = &p->data.alloc_size;
+	struct nvsim_client *c;
+	struct nvsim_obj *parent, *obj;
+	struct nvsim_gpu *gpu;
+	u32 h, hclass, st = NV_OK;
+
+	c = nvsim_client_get(nf, p->h_root);
+	if (!c)
+		return NV_ERR_INVALID_CLIENT;
+	parent = nvsim_obj_get(c, p->h_object_parent);
+	if (!parent || !nvsim_is_gpu_parent(parent))
+		return NV_ERR_INVALID_OBJECT_PARENT;
+	gpu = parent->gpu;
+
+	switch (p->function) {
+	case NVOS32_FUNCTION_ALLOC_SIZE:
+		h = (a->flags & NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED) ?
+			a->h_memory : 0;
+		if (!h && (a->flags & NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED))
+			return NV_ERR_INVALID_ARGUMENT;
+		hclass = (a->flags & NVOS32_ALLOC_FLAGS_VIRTUAL) ?
+			NV50_MEMORY_VIRTUAL : NV01_MEMORY_LOCAL_USER;
+		st = nvsim_mem_alloc(c, parent, &h, hclass, &a->size,
+				     &a->offset, &obj);
+		if (!st) {
+			a->h_memory = h;
+			a->limit = a->offset + a->size - 1;
+		}
+		break;
+	case NVOS32_FUNCTION_FREE:
+		if (!(p->data.free.flags & NVOS32_FREE_FLAGS_MEMORY_HANDLE_PROVIDED))
+			return NV_ERR_INVALID_FLAGS;
+		obj = nvsim_obj_get(c, p->data.free.h_memory);
+		if (!obj || !nvsim_is_memory(obj))
+			return NV_ERR_INVALID_OBJECT_HANDLE;
+		nvsim_obj_free(obj);
+		break;
+	case NVOS32_FUNCTION_INFO:
+		p->data.info.offset = 0;
+		p->data.info.size = gpu->capacity - gpu->used;
+		p->data.info.base = 0;
+		break;
+	default:
+		return NV_ERR_INVALID_FUNCTION;
+	}
+	p->total = gpu->capacity;
+	p->free = gpu->capacity - gpu->used;
+	return st;
+}
+
+/*
+ * NV_ESC_RM_VID_HEAP_CONTROL: ALLOC_SIZE (a memory object under the
+ * device; NVOS32_ALLOC_FLAGS_VIRTUAL makes an uncharged virtual one),
+ * FREE (by handle) and INFO; total/free report the GPU's heap.  Other
+ * functions answer NV_ERR_INVALID_FUNCTION.
+ */
+int nvsim_rm_vid_heap(struct nvsim_file *nf, struct nvos32 *p)
+{
+	mutex_lock(&nvsim_lock);
+	p->status = nvsim_vid_heap_locked(nf, p);
+	mutex_unlock(&nvsim_lock);
+	return 0;
+}
+
+/* ---- CPU mappings ---- */
+
+static u32 nvsim_map_locked(struct nvsim_file *nf, struct nvos33_with_fd *p,
+			    struct file *gfile)
+{
+	struct nvsim_file *gf;
+	struct nvsim_client *c;
+	struct nvsim_obj *dev, *mem;
+	struct nvsim_mapctx *ctx;
+	struct nvsim_cpumap *map;
+	u64 start, end;
+
+	c = nvsim_client_get(nf, p->h_client);
+	if (!c)
+		return NV_ERR_INVALID_CLIENT;
+	dev = nvsim_obj_get(c, p->h_device);
+	if (!dev || (dev->kind != NVSIM_OBJ_CLIENT && !nvsim_is_gpu_parent(dev)))
+		return NV_ERR_INVALID_OBJECT_HANDLE;
+	mem = nvsim_obj_get(c, p->h_memory);
+	if (!mem || !nvsim_is_memory(mem))
+		return NV_ERR_INVALID_OBJECT_HANDLE;
+	if (mem->kind == NVSIM_OBJ_VIRTUAL)
+		return NV_ERR_INVALID_ARGUMENT;
+	if (dev->gpu && dev->gpu != mem->gpu)
+		return NV_ERR_INVALID_ARGUMENT;
+	if (!p->length || p->offset >= mem->mem.size ||
+	    p->length > mem->mem.size - p->offset)
+		return NV_ERR_INVALID_LIMIT;
+	if (c->tgid != task_tgid_nr(current))
+		return NV_ERR_INVALID_CLIENT;
+	if (c->owner->nobjs >= NVSIM_MAX_OBJECTS)
+		return NV_ERR_INSUFFICIENT_RESOURCES;
+
+	/* rm_create_mmap_context: the fd must be our nvidiaN of that GPU. */
+	if (!gfile || !nvsim_is_own_file(gfile))
+		return NV_ERR_INVALID_ARGUMENT;
+	gf = gfile->private_data;
+	if (gf->kind != NVSIM_FILE_GPU || gf->gpu != mem->gpu)
+		return NV_ERR_INVALID_ARGUMENT;
+	if (gf->mapctx)
+		return NV_ERR_STATE_IN_USE;
+
+	if (!mem->mem.store) {
+		mem->mem.store = nvsim_store_create(mem->mem.size >> PAGE_SHIFT);
+		if (!mem->mem.store)
+			return NV_ERR_NO_MEMORY;
+	}
+	ctx = kzalloc(sizeof(*ctx), GFP_KERNEL);
+	map = kzalloc(sizeof(*map), GFP_KERNEL);
+	if (!ctx || !map) {
+		kfree(ctx);
+		kfree(map);
+		return NV_ERR_NO_MEMORY;
+	}
+	start = round_down(p->offset, PAGE_SIZE);
+	end = round_up(p->offset + p->length, PAGE_SIZE);
+	nvsim_store_get(mem->mem.store);
+	ctx->store = mem->mem.store;
+	ctx->first_page = start >> PAGE_SHIFT;
+	ctx->npages = (end - start) >> PAGE_SHIFT;
+	gf->mapctx = ctx;
+
+	map->address = nvsim_bar1_base(mem->gpu) + mem->mem.fb_offset + p->offset;
+	list_add_tail(&map->node, &mem->mem.cpumaps);
+	c->owner->nobjs++;
+	p->p_linear_address = map->address;
+	return NV_OK;
+}
+
+/*
+ * NV_ESC_RM_MAP_MEMORY (on nvidiactl): validates the mapping, returns its
+ * BAR1 address in pLinearAddress and leaves a mapping context on the
+ * nvidiaN file named by fd (one per file, as nvlfp: a second map through
+ * the same file is NV_ERR_STATE_IN_USE).  mmap(fd, offset 0, the mapped
+ * length rounded to pages) then maps the memory object's pages.
+ */
+int nvsim_rm_map_memory(struct nvsim_file *nf, struct nvos33_with_fd *p)
+{
+	struct file *gfile = fget(p->fd);
+
+	mutex_lock(&nvsim_lock);
+	p->status = nvsim_map_locked(nf, p, gfile);
+	mutex_unlock(&nvsim_lock);
+	if (gfile)
+		fput(gfile);
+	return 0;
+}
+
+static u32 nvsim_unmap_locked(struct nvsim_file *nf, struct nvos34 *p)
+{
+	struct nvsim_client *c;
+	struct nvsim_obj *dev, *mem;
+	struct nvsim_cpumap *map;
+
+	c = nvsim_client_get(nf, p->h_client);
+	if (!c)
+		return NV_ERR_INVALID_CLIENT;
+	dev = nvsim_obj_get(c, p->h_device);
+	if (!dev || (dev->kind != NVSIM_OBJ_CLIENT && !nvsim_is_gpu_parent(dev)))
+		return NV_ERR_INVALID_OBJECT_HANDLE;
+	mem = nvsim_obj_get(c, p->h_memory);
+	if (!mem || !nvsim_is_memory(mem))
+		return NV_ERR_INVALID_OBJECT_HANDLE;
+	list_for_each_entry(map, &mem->mem.cpumaps, node) {
+		if (map->address == p->p_linear_address) {
+			list_del(&map->node);
+			kfree(map);
+			c->owner->nobjs--;
+			return NV_OK;
+		}
+	}
+	return NV_ERR_INVALID_ARGUMENT;
+}
+
+/*
+ * NV_ESC_RM_UNMAP_MEMORY: forgets the RM mapping record; pages already
+ * mmapped stay valid until munmap (the VMA holds the backing store).
+ */
+int nvsim_rm_unmap_memory(struct nvsim_file *nf, struct nvos34 *p)
+{
+	mutex_lock(&nvsim_lock);
+	p->status = nvsim_unmap_locked(nf, p);
+	mutex_unlock(&nvsim_lock);
+	return 0;
+}
