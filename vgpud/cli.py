@@ -1,27 +1,48 @@
 """vgpuctl: the command-line front end.
 
-For now it talks to the module directly (``module-stats``); daemon state over
-D-Bus comes later. Exit status 69 (EX_UNAVAILABLE) when the module is absent
-or does not answer.
+A thin client of vgpud's D-Bus API (org.vgpud1 on the system bus, see
+docs/dbus-api.md), plus ``module-stats``, which asks the kernel module directly.
+Read commands take --json (one JSON document on stdout).
+
+Exit status, for scripts:
+   0  ok
+   1  the daemon refused the request (NoSuchTenant, InvalidArgument, ...)
+   2  usage error (bad options or arguments)
+  69  EX_UNAVAILABLE: vgpud is not running / the module is absent
+  77  EX_NOPERM: permission denied (not root nor in the admin group)
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
+from typing import Any, NoReturn, TypeVar
 
 import click
+from dbus_fast import DBusError, Variant
 from rich.console import Console
 from rich.table import Table
 
+from vgpud.admin.client import AdminClient, DaemonUnavailable
 from vgpud.kernel.channel import ChannelError, GenlChannel
 from vgpud.kernel.codec import DecodeError
 from vgpud.kernel.uapi import Stats
 
 __all__ = ["main"]
 
+T = TypeVar("T")
+
+EX_ERROR = 1
 EX_UNAVAILABLE = 69
+EX_NOPERM = 77
+_NOPERM_ERRORS = frozenset({
+    "org.vgpud1.Error.PermissionDenied",
+    "org.freedesktop.DBus.Error.AccessDenied",  # refused by the bus policy
+})
+U32 = click.IntRange(0, 2**32 - 1)
 
 
 async def _query_stats() -> Stats:
@@ -53,3 +74,247 @@ def module_stats(as_json: bool) -> None:
     for name, value in asdict(stats).items():
         table.add_row(name, str(value))
     Console().print(table)
+
+
+# --- talking to vgpud ---
+
+
+def _fail(message: str, status: int) -> NoReturn:
+    click.echo(f"vgpuctl: {message}", err=True)
+    raise SystemExit(status)
+
+
+def _daemon(action: Callable[[AdminClient], Awaitable[T]]) -> T:
+    """Run `action` against vgpud; daemon errors become exit statuses."""
+
+    async def run() -> T:
+        client = await AdminClient.connect()
+        try:
+            return await action(client)
+        finally:
+            client.close()
+
+    try:
+        return asyncio.run(run())
+    except DaemonUnavailable as e:
+        _fail(str(e), EX_UNAVAILABLE)
+    except DBusError as e:
+        name = e.type.rpartition(".")[2]
+        _fail(f"{e.text} ({name})", EX_NOPERM if e.type in _NOPERM_ERRORS else EX_ERROR)
+
+
+def _call(member: str, signature: str = "", *body: Any) -> Any:
+    return _daemon(lambda client: client.call(member, signature, *body))
+
+
+def _snake(properties: dict[str, Any]) -> dict[str, Any]:
+    """D-Bus property names as JSON keys: MemoryLimitBytes -> memory_limit_bytes."""
+    return {re.sub(r"(?<!^)(?=[A-Z])", "_", k).lower(): v for k, v in properties.items()}
+
+
+def _gpus(rows: list[list[Any]]) -> list[dict[str, Any]]:
+    return [dict(zip(("index", "name", "total", "used"), row, strict=True)) for row in rows]
+
+
+def _size(n: int) -> str:
+    value, unit = float(n), "B"
+    for bigger in ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+
+
+def _echo_json(value: object) -> None:
+    click.echo(json.dumps(value, indent=2))
+
+
+def _gpu_table(gpus: list[dict[str, Any]]) -> Table:
+    table = Table("GPU", "NAME", "MEMORY", "ALLOCATED", title="GPUs")
+    for gpu in gpus:
+        table.add_row(str(gpu["index"]), gpu["name"], _size(gpu["total"]), _size(gpu["used"]))
+    return table
+
+
+def _tenant_table(tenants: list[dict[str, Any]]) -> Table:
+    table = Table("TENANT", "LIMIT", "USED / LIMIT PER GPU", "CONTEXTS", "WEIGHT", "CAP",
+                  "PRIORITY", title="tenants")
+    for t in tenants:
+        usage = "\n".join(
+            f"{gpu}: {_size(t['memory_used'].get(gpu, 0))} / {_size(t['memory_limit_bytes'][gpu])}"
+            for gpu in t["gpus"]
+        )
+        table.add_row(
+            t["name"], t["memory_limit"] or "device", usage or "-", str(t["contexts"]),
+            str(t["weight"]), f"{t['cap']}%" if t["cap"] else "-", t["priority"],
+        )
+    return table
+
+
+async def _tenants(client: AdminClient) -> list[dict[str, Any]]:
+    return [_snake(t) for t in await client.tenants()]
+
+
+# --- commands ---
+
+
+def _json_option(fn: Callable[..., None]) -> Callable[..., None]:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON.")(fn)
+
+
+@main.command()
+@_json_option
+def status(as_json: bool) -> None:
+    """The daemon, its GPUs and tenants."""
+
+    async def query(client: AdminClient) -> dict[str, Any]:
+        return {
+            **_snake(await client.manager_properties()),
+            "gpus": _gpus(await client.call("GetGpus")),
+            "tenants": await _tenants(client),
+        }
+
+    info = _daemon(query)
+    if as_json:
+        _echo_json(info)
+        return
+    console = Console()
+    console.print(f"vgpud {info['version']}, default tenant: {info['default_tenant'] or '-'}")
+    console.print(_gpu_table(info["gpus"]))
+    console.print(_tenant_table(info["tenants"]))
+
+
+@main.command()
+@_json_option
+def gpus(as_json: bool) -> None:
+    """The GPUs vgpud shares, and the memory tenants hold on each."""
+    rows = _gpus(_call("GetGpus"))
+    if as_json:
+        _echo_json(rows)
+    else:
+        Console().print(_gpu_table(rows))
+
+
+@main.group()
+def tenant() -> None:
+    """List, show, create, delete and change tenants."""
+
+
+@tenant.command("list")
+@_json_option
+def tenant_list(as_json: bool) -> None:
+    """Tenants in resolution order, with their limits and usage."""
+    tenants = _daemon(_tenants)
+    if as_json:
+        _echo_json(tenants)
+    else:
+        Console().print(_tenant_table(tenants))
+
+
+@tenant.command("show")
+@click.argument("name")
+@_json_option
+def tenant_show(name: str, as_json: bool) -> None:
+    """One tenant's properties."""
+
+    async def query(client: AdminClient) -> dict[str, Any]:
+        return _snake(await client.tenant_properties(await client.call("GetTenant", "s", name)))
+
+    info = _daemon(query)
+    if as_json:
+        _echo_json(info)
+        return
+    table = Table.grid(padding=(0, 2))
+    for key, value in info.items():
+        table.add_row(key, json.dumps(value) if isinstance(value, list | dict) else str(value))
+    Console().print(table)
+
+
+def _memory_option(fn: Callable[..., None]) -> Callable[..., None]:
+    return click.option(
+        "--memory", metavar="SIZE", help='Per-GPU limit: 8GiB, 512MiB, 50%; "" for no limit.'
+    )(fn)
+
+
+def _sched_options(fn: Callable[..., None]) -> Callable[..., None]:
+    fn = click.option("--weight", type=U32, help="Share of GPU time, 1..1000.")(fn)
+    fn = click.option("--cap", type=U32, help="Most GPU time in percent, 1..100; 0: no cap.")(fn)
+    return click.option("--priority", metavar="CLASS", help="best-effort or priority.")(fn)
+
+
+def _options(**values: tuple[str, Any] | None) -> dict[str, Variant]:
+    return {key.replace("_", "-"): Variant(*v) for key, v in values.items() if v is not None}
+
+
+@tenant.command("create")
+@click.argument("name")
+@_memory_option
+@click.option("--match-cgroup", multiple=True, metavar="GLOB",
+              help="Openers whose cgroup v2 path matches (repeatable).")
+@click.option("--match-uid", multiple=True, type=U32, help="Openers with this uid (repeatable).")
+@click.option("--gpus", metavar="LIST", help="GPU indexes the tenant may use: 0,1 (default all).")
+@_sched_options
+def tenant_create(name: str, memory: str | None, match_cgroup: tuple[str, ...],
+                  match_uid: tuple[int, ...], gpus: str | None, weight: int | None,
+                  cap: int | None, priority: str | None) -> None:
+    """Create tenant NAME."""
+    try:
+        indexes = None if gpus is None else [int(i) for i in gpus.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"{gpus!r} is not a list like 0,1", param_hint="--gpus") from None
+    options = _options(
+        memory=None if memory is None else ("s", memory),
+        match_cgroup=("as", list(match_cgroup)) if match_cgroup else None,
+        match_uid=("au", list(match_uid)) if match_uid else None,
+        gpus=None if indexes is None else ("au", indexes),
+        weight=None if weight is None else ("u", weight),
+        cap=None if cap is None else ("u", cap),
+        priority=None if priority is None else ("s", priority),
+    )
+    _call("CreateTenant", "sa{sv}", name, options)
+
+
+@tenant.command("delete")
+@click.argument("name")
+def tenant_delete(name: str) -> None:
+    """Delete tenant NAME (it must have no open contexts)."""
+    _call("DeleteTenant", "s", name)
+
+
+@tenant.command("set")
+@click.argument("name")
+@_memory_option
+@_sched_options
+def tenant_set(name: str, memory: str | None, weight: int | None, cap: int | None,
+               priority: str | None) -> None:
+    """Change tenant NAME's limits (all given options at once, or none)."""
+    options = _options(
+        memory=None if memory is None else ("s", memory),
+        weight=None if weight is None else ("u", weight),
+        cap=None if cap is None else ("u", cap),
+        priority=None if priority is None else ("s", priority),
+    )
+    if not options:
+        raise click.UsageError("nothing to set: give --memory, --weight, --cap or --priority")
+    _call("UpdateTenant", "sa{sv}", name, options)
+
+
+@main.command()
+@click.argument("pid", type=U32)
+@click.argument("tenant_name", metavar="TENANT")
+def bind(pid: int, tenant_name: str) -> None:
+    """Process PID's future opens belong to TENANT."""
+    _call("BindProcess", "us", pid, tenant_name)
+
+
+@main.command()
+@click.argument("pid", type=U32)
+def unbind(pid: int) -> None:
+    """Remove the binding of PID."""
+    _call("UnbindProcess", "u", pid)
+
+
+@main.command()
+def reload() -> None:
+    """Re-read the config file (on error the daemon keeps the last good one)."""
+    _call("Reload")

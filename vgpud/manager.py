@@ -1,0 +1,318 @@
+"""The daemon's admin state: config + runtime state + the ledger's limits.
+
+Every mutation validates first, persists the new runtime state atomically
+(save_state), and only then applies it, so a change that fails changes
+nothing. Listeners (the D-Bus service) hear about what changed.
+
+The ledger holds one account per (tenant, GPU) of the inventory; its limit is
+what the tenant may hold there (Tenant.limit_for), 0 on GPUs the tenant may
+not use. The daemon opens and closes contexts through the manager (so that it
+can count them) and tells it when usage moved or an allocation was denied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from pydantic import ValidationError
+
+from vgpud.config import Config, ConfigError, describe, load_config
+from vgpud.core.ledger import Denied, Freed, Ledger, UnknownTenant, Usage
+from vgpud.core.tenants import Tenant, validate_name
+from vgpud.state import CHANGEABLE, RuntimeState, save_state
+
+__all__ = [
+    "AdminError",
+    "Gpu",
+    "InvalidArgument",
+    "InvalidConfig",
+    "Listener",
+    "Manager",
+    "NoSuchTenant",
+    "TenantBusy",
+]
+
+# Fields create_tenant accepts (pids are bound with bind() instead), and those
+# update_tenant changes (the runtime-changeable ones).
+CREATE_FIELDS = frozenset({"memory", "match", "gpus", "uvm", "weight", "cap", "priority"})
+UPDATE_FIELDS = CHANGEABLE
+# Notification field names besides Tenant's own fields.
+USAGE = "usage"
+CONTEXTS = "contexts"
+BINDINGS = "bindings"
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Gpu:
+    """One device of the inventory."""
+
+    index: int
+    name: str
+    total: int  # bytes of device memory
+
+
+class AdminError(Exception):
+    """An admin request that failed; nothing was changed."""
+
+
+class NoSuchTenant(AdminError):
+    pass
+
+
+class InvalidArgument(AdminError):
+    pass
+
+
+class TenantBusy(AdminError):
+    """The tenant still has open contexts or memory, so it cannot go away."""
+
+
+class InvalidConfig(AdminError):
+    """Reload found a bad config file; the last good one stays in force."""
+
+
+class Listener(Protocol):
+    def tenants_changed(self, added: Sequence[str], removed: Sequence[str]) -> None: ...
+
+    def tenant_changed(self, name: str, fields: frozenset[str]) -> None:
+        """`fields`: Tenant field names, or USAGE, CONTEXTS, BINDINGS."""
+        ...
+
+    def settings_changed(self) -> None:
+        """The [daemon] section may have changed (after a reload)."""
+        ...
+
+    def quota_exceeded(self, denied: Denied) -> None: ...
+
+
+class Manager:
+    def __init__(
+        self,
+        config_path: Path | str,
+        config: Config,
+        state: RuntimeState,
+        ledger: Ledger,
+        gpus: Iterable[tuple[int, str, int]],
+    ) -> None:
+        """`config` and `state` as loaded at startup; `gpus` the inventory:
+        (index, name, total bytes). The state file stays where the startup
+        config put it (state_path changes need a restart)."""
+        self.config_path = Path(config_path)
+        self.state_path = config.daemon.state_path
+        self.gpus = tuple(sorted(Gpu(*gpu) for gpu in gpus))
+        self.listeners: list[Listener] = []
+        self._ledger = ledger
+        self._config = config
+        self._state = state
+        self._tenants = state.tenants(config.tenants)
+        self._contexts: dict[int, str] = {}  # ctx -> tenant
+        self._sync_ledger(())
+
+    # --- reading ---
+
+    @property
+    def config(self) -> Config:
+        return self._config
+
+    @property
+    def tenants(self) -> tuple[Tenant, ...]:
+        """The effective tenants, in resolution order."""
+        return self._tenants
+
+    @property
+    def bindings(self) -> dict[int, str]:
+        """Runtime pid bindings (they take precedence over tenants' pids)."""
+        return self._state.effective_bindings(self._config.tenants)
+
+    @property
+    def default_tenant(self) -> str | None:
+        """The config's default tenant, unless it was deleted at runtime."""
+        name = self._config.daemon.default_tenant
+        return name if any(t.name == name for t in self._tenants) else None
+
+    def tenant(self, name: str) -> Tenant:
+        _check_name(name)
+        for tenant in self._tenants:
+            if tenant.name == name:
+                return tenant
+        raise NoSuchTenant(f"no tenant named {name!r}")
+
+    def limits(self, name: str) -> dict[int, int]:
+        """Bytes the tenant may hold on each GPU (0 where it may not use it)."""
+        return {u.gpu: u.limit for u in self.usage(name)}
+
+    def usage(self, name: str) -> tuple[Usage, ...]:
+        """The tenant's account on each GPU of the inventory."""
+        self.tenant(name)
+        return tuple(self._ledger.usage(name, gpu.index) for gpu in self.gpus)
+
+    def contexts(self, name: str) -> int:
+        return sum(1 for tenant in self._contexts.values() if tenant == name)
+
+    def pids(self, name: str) -> tuple[int, ...]:
+        """Process ids bound to the tenant: its config pids and runtime bindings."""
+        tenant = self.tenant(name)
+        bound = (pid for pid, owner in self.bindings.items() if owner == name)
+        return tuple(sorted({*tenant.pids, *bound}))
+
+    # --- admin changes ---
+
+    def create_tenant(self, name: str, fields: Mapping[str, object]) -> Tenant:
+        """A new tenant from `fields` (CREATE_FIELDS, as in the config file)."""
+        _check_name(name)
+        if unknown := set(fields) - CREATE_FIELDS:
+            raise InvalidArgument(f"unknown tenant fields: {', '.join(sorted(unknown))}")
+        try:
+            tenant = Tenant.model_validate({"name": name, **fields})
+        except ValidationError as e:
+            raise _invalid(e) from e
+        if any(t.name == name for t in self._tenants):
+            raise InvalidArgument(f"tenant {name!r} exists")
+        self._commit(self._state.create(self._config.tenants, tenant))
+        return tenant
+
+    def delete_tenant(self, name: str) -> None:
+        self.tenant(name)
+        if name == self._config.daemon.default_tenant:
+            raise InvalidArgument(f"{name!r} is the default tenant (daemon.default_tenant)")
+        self._commit(self._state.delete(self._config.tenants, name))
+
+    def update_tenant(self, name: str, changes: Mapping[str, object]) -> None:
+        """Change UPDATE_FIELDS at once (all or nothing):
+        memory: 8GiB, 512MiB, 50%, a byte count, or None (the whole device);
+        weight 1..1000; cap 1..100 or None; priority best-effort | priority.
+        A memory limit below current usage is accepted: it frees nothing, new
+        allocations are refused until usage drops below it."""
+        tenant = self.tenant(name)
+        if unknown := set(changes) - UPDATE_FIELDS:
+            raise InvalidArgument(f"not changeable at runtime: {', '.join(sorted(unknown))}")
+        if not changes:
+            raise InvalidArgument("nothing to change")
+        try:
+            tenant.replace(**changes)  # for the message; change() validates too
+        except ValidationError as e:
+            raise _invalid(e) from e
+        self._commit(self._state.change(self._config.tenants, name, **changes))
+
+    def bind(self, pid: int, name: str) -> None:
+        """Processes opening nodes from now on with tgid `pid` belong to `name`."""
+        self.tenant(name)
+        if pid < 1:
+            raise InvalidArgument(f"invalid pid {pid}")
+        self._commit(self._state.bind(self._config.tenants, pid, name))
+
+    def unbind(self, pid: int) -> None:
+        if pid not in self._state.bindings:
+            raise InvalidArgument(f"pid {pid} is not bound")
+        self._commit(self._state.unbind(pid))
+
+    def reload(self) -> None:
+        """Re-read the config file. On any error the last good config stays."""
+        try:
+            config = load_config(self.config_path)
+        except ConfigError as e:
+            raise InvalidConfig(str(e)) from e
+        self._commit(self._state, config)
+
+    # --- events from the data path ---
+
+    def open_context(self, ctx: int, tenant: str) -> None:
+        """A node was opened by a process resolved to `tenant` (Ledger.open)."""
+        self._ledger.open(ctx, tenant)
+        self._contexts[ctx] = tenant
+        self._notify(tenant, {CONTEXTS})
+
+    def close_context(self, ctx: int) -> Freed:
+        """The file was closed (Ledger.close): its memory goes back."""
+        freed = self._ledger.close(ctx)
+        tenant = self._contexts.pop(ctx)
+        self._notify(tenant, {CONTEXTS, USAGE})
+        return freed
+
+    def usage_changed(self, tenant: str) -> None:
+        """Call after reserve / commit / release / free moved the tenant's bytes."""
+        self._notify(tenant, {USAGE})
+
+    def quota_exceeded(self, denied: Denied) -> None:
+        """Call when Ledger.reserve answered Denied."""
+        for listener in self.listeners:
+            listener.quota_exceeded(denied)
+
+    # --- helpers ---
+
+    def _commit(self, state: RuntimeState, config: Config | None = None) -> None:
+        """Validate, persist, apply, notify; raise before anything changed."""
+        config = config or self._config
+        tenants = state.tenants(config.tenants)
+        old = {t.name: t for t in self._tenants}
+        new = {t.name: t for t in tenants}
+        for name in old.keys() - new.keys():
+            self._check_idle(name)
+        if state is not self._state:
+            try:
+                save_state(state, self.state_path)
+            except OSError as e:
+                raise AdminError(f"cannot save {self.state_path}: {e}") from e
+        old_bindings, old_settings = self.bindings, self._config.daemon
+        self._config, self._state, self._tenants = config, state, tenants
+        self._sync_ledger(old.keys() - new.keys())
+        added = [n for n in new if n not in old]
+        removed = [n for n in old if n not in new]
+        if added or removed:
+            for listener in self.listeners:
+                listener.tenants_changed(added, removed)
+        bindings = self.bindings
+        moved = {p for p in old_bindings.keys() | bindings.keys()
+                 if old_bindings.get(p) != bindings.get(p)}
+        rebound = {old_bindings.get(p) for p in moved} | {bindings.get(p) for p in moved}
+        for name in (n for n in new if n in old):
+            fields = _diff(old[name], new[name])
+            if name in rebound:
+                fields.add(BINDINGS)
+            self._notify(name, fields)
+        if config.daemon != old_settings:
+            for listener in self.listeners:
+                listener.settings_changed()
+
+    def _check_idle(self, name: str) -> None:
+        contexts = self.contexts(name)
+        used = sum(u.used for u in self._ledger.snapshot() if u.tenant == name)
+        if contexts or used:
+            raise TenantBusy(
+                f"tenant {name!r} is in use ({contexts} open contexts, {used} bytes)"
+            )
+
+    def _sync_ledger(self, removed: Iterable[str]) -> None:
+        for name in removed:
+            with suppress(UnknownTenant):  # no accounts without GPUs
+                self._ledger.remove_tenant(name)
+        for tenant in self._tenants:
+            for gpu in self.gpus:
+                limit = tenant.limit_for(gpu.index, gpu.total)
+                self._ledger.set_limit(tenant.name, gpu.index, 0 if limit is None else limit)
+
+    def _notify(self, name: str, fields: set[str]) -> None:
+        if fields:
+            frozen = frozenset(fields)
+            for listener in self.listeners:
+                listener.tenant_changed(name, frozen)
+
+
+def _check_name(name: str) -> None:
+    try:
+        validate_name(name)
+    except ValueError as e:
+        raise InvalidArgument(str(e)) from e
+
+
+def _invalid(error: ValidationError) -> InvalidArgument:
+    key, problem = describe(error)
+    return InvalidArgument(f"{key}: {problem}" if key else problem)
+
+
+def _diff(old: Tenant, new: Tenant) -> set[str]:
+    return {f for f in Tenant.model_fields if getattr(old, f) != getattr(new, f)}
