@@ -318,3 +318,7 @@ def unbind(pid: int) -> None:
 def reload() -> None:
     """Re-read the config file (on error the daemon keeps the last good one)."""
     _call("Reload")
+
+
+if __name__ == "__main__":
+    main()

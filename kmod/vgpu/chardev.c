@@ -1,0 +1,557 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * The emulated device files /dev/vgpu/{nvidiactl,nvidiaN,nvidia-uvm}: one
+ * char major of our own, minors as NVIDIA's (GPU N = N, ctl = 255, uvm =
+ * 254). Every open opens the matching backing driver file; calls are
+ * forwarded to it, and the calls the daemon's filter selects are first
+ * upcalled for a verdict.
+ */
+#include <linux/cdev.h>
+#include <linux/cgroup.h>
+#include <linux/cred.h>
+#include <linux/device.h>
+#include <linux/file.h>
+#include <linux/fs.h>
+#include <linux/mm.h>
+#include <linux/namei.h>
+#include <linux/poll.h>
+#include <linux/sched.h>
+#include <linux/slab.h>
+#include <linux/uaccess.h>
+
+#include "vgpu.h"
+#include "compat.h"
+#include "trace.h"
+
+static dev_t vgpu_devt;
+static struct cdev vgpu_cdev;
+static struct class *vgpu_class;
+/* Indexed by minor; filled before cdev_add(), read-only until unload. */
+static struct vgpu_node_dev *vgpu_nodes[VGPU_MINORS];
+static atomic64_t vgpu_ctx_ids = ATOMIC64_INIT(0);
+
+/**
+ * struct vgpu_call - one ioctl, after IOCTL_XFER_CMD unwrapping
+ * @cmd: the command word as issued
+ * @node: enum vgpu_node
+ * @nr: escape number (UVM: the command)
+ * @size: params size (UVM: 0, unknown)
+ * @flags: VGPU_UPCALL_F_*
+ * @params: the caller's params (the inner ones for XFER)
+ * @arg: the ioctl argument as issued
+ */
+struct vgpu_call {
+	u32 cmd;
+	u32 node;
+	u32 nr;
+	u32 size;
+	u32 flags;
+	void __user *params;
+	unsigned long arg;
+};
+
+static long vgpu_forward(struct vgpu_ctx *ctx, const struct vgpu_call *c)
+{
+	struct file *b = ctx->backing;
+	struct vgpu_fdx x;
+	long ret;
+
+	if (!b->f_op->unlocked_ioctl)
+		return -ENOTTY;
+	ret = vgpu_fdx_prepare(&x, c->node, c->nr, c->size, c->params);
+	if (ret)
+		return ret;
+	ret = b->f_op->unlocked_ioctl(b, c->cmd, c->arg);
+	vgpu_fdx_finish(&x);
+	return ret;
+}
+
+static void vgpu_msg_init(struct vgpu_upcall_msg *m, struct vgpu_ctx *ctx,
+			  u32 kind)
+{
+	memset(m, 0, sizeof(*m));
+	m->hdr.ctx_id = ctx->id;
+	m->hdr.cgroup_id = ctx->cgroup_id;
+	m->hdr.kind = kind;
+	m->hdr.node = ctx->node->kind;
+	m->hdr.minor = ctx->node->index;
+	m->hdr.pid = ctx->pid;
+	m->hdr.tgid = ctx->tgid;
+	m->hdr.uid = ctx->uid;
+	m->hdr.gid = ctx->gid;
+	m->hdr.caller_pid = task_pid_nr(current);
+	m->hdr.caller_tgid = task_tgid_nr(current);
+}
+
+/*
+ * Copies the buffer a rule points to. Sets *flags on a length over
+ * VGPU_PARAMS_MAX or an unreadable buffer; never fails the call.
+ */
+static void *vgpu_copy_data(const struct vgpu_rule *r, const void *params,
+			    u32 *len, u32 *flags)
+{
+	u64 ptr;
+	void *data;
+
+	*len = 0;
+	if (r->ptr_off == VGPU_OFF_NONE)
+		return NULL;
+	ptr = get_unaligned((const u64 *)(params + r->ptr_off));
+	*len = get_unaligned((const u32 *)(params + r->len_off));
+	if (*len > VGPU_PARAMS_MAX) {
+		*flags |= VGPU_UPCALL_F_DATA_BIG;
+		*len = 0;
+		return NULL;
+	}
+	if (!*len)
+		return NULL;
+	data = kvmalloc(*len, GFP_KERNEL);
+	if (data && !copy_from_user(data, u64_to_user_ptr(ptr), *len))
+		return data;
+	kvfree(data);
+	*flags |= VGPU_UPCALL_F_DATA_FAULT;
+	*len = 0;
+	return NULL;
+}
+
+/* After an allowed call: report params and data as the driver left them. */
+static void vgpu_post(struct vgpu_ctx *ctx, const struct vgpu_call *c,
+		      const struct vgpu_rule *r, struct vgpu_upcall_msg *m,
+		      void *params, void *data, long ret)
+{
+	struct vgpu_event ev = {
+		.ctx_id = ctx->id,
+		.upcall_id = m->hdr.id,
+		.kind = VGPU_EVENT_POST,
+		.nr = c->nr,
+		.ret = ret,
+	};
+	u64 ptr;
+
+	if (params && copy_from_user(params, c->params, m->params_len))
+		params = NULL;
+	if (data) {
+		/* The pointer as the daemon saw it, not as it is now. */
+		ptr = get_unaligned((const u64 *)(m->params + r->ptr_off));
+		if (copy_from_user(data, u64_to_user_ptr(ptr), m->data_len))
+			data = NULL;
+	}
+	vgpu_event(&ev, params, params ? m->params_len : 0,
+		   data, data ? m->data_len : 0);
+}
+
+static long vgpu_ioctl_slow(struct vgpu_ctx *ctx, const struct vgpu_call *c,
+			    u32 copy_size)
+{
+	struct vgpu_upcall_msg m;
+	struct vgpu_verdict v;
+	struct vgpu_rule r;
+	void *params = NULL, *data = NULL, *post = NULL;
+	u32 eff = 0;
+	long ret;
+	int out;
+
+	if (copy_size) {
+		params = kvmalloc(copy_size, GFP_KERNEL);
+		if (!params)
+			return -ENOMEM;
+		if (copy_from_user(params, c->params, copy_size)) {
+			ret = -EFAULT;
+			goto out;
+		}
+	}
+	if (!vgpu_filter_match(c->node, c->nr, copy_size, params, &r, &eff)) {
+		ret = vgpu_forward(ctx, c);
+		goto out;
+	}
+
+	vgpu_msg_init(&m, ctx, VGPU_UPCALL_IOCTL);
+	m.hdr.cmd = c->cmd;
+	m.hdr.nr = c->nr;
+	m.hdr.flags = c->flags;
+	m.params = eff ? params : NULL;
+	m.params_len = eff;
+	/* A rule for any size may name offsets beyond this call's params. */
+	if (r.ptr_off != VGPU_OFF_NONE &&
+	    (eff < sizeof(u64) || r.ptr_off > eff - sizeof(u64) ||
+	     r.len_off > eff - sizeof(u32)))
+		r.ptr_off = VGPU_OFF_NONE;
+	data = vgpu_copy_data(&r, params, &m.data_len, &m.hdr.flags);
+	m.data = data;
+
+	out = vgpu_upcall(&m, &v);
+	if (out < 0) {
+		ret = out;
+		goto out;
+	}
+	if (out == VGPU_OUT_FORWARD) {
+		ret = vgpu_forward(ctx, c);
+		goto out;
+	}
+	switch (v.action) {
+	case VGPU_VERDICT_ALLOW:
+		ret = vgpu_forward(ctx, c);
+		if (eff) {
+			post = kvmalloc(eff, GFP_KERNEL);
+			if (!post)
+				break;
+		}
+		vgpu_post(ctx, c, &r, &m, post, data, ret);
+		break;
+	case VGPU_VERDICT_DENY:
+		ret = -(long)v.error;
+		break;
+	case VGPU_VERDICT_FAIL_STATUS:
+		/* Checked against the upcall: status_off + 4 <= eff. */
+		ret = 0;
+		if (put_user(v.status,
+			     (u32 __user *)(c->params + v.status_off)))
+			ret = -EFAULT;
+		break;
+	default:
+		ret = -EIO;	/* unreachable: verdicts are validated */
+	}
+out:
+	kvfree(post);
+	kvfree(data);
+	kvfree(params);
+	return ret;
+}
+
+static long vgpu_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
+{
+	struct vgpu_ctx *ctx = file->private_data;
+	struct vgpu_call c = {
+		.cmd = cmd,
+		.node = ctx->node->kind,
+		.params = (void __user *)arg,
+		.arg = arg,
+	};
+	struct nv_ioctl_xfer xfer;
+	u32 copy_size;
+	bool slow = false;
+	long ret;
+
+	vgpu_count(&vgpu_counters.ioctls);
+	if (c.node == VGPU_NODE_UVM) {
+		c.nr = cmd;
+	} else {
+		c.nr = _IOC_NR(cmd);
+		c.size = _IOC_SIZE(cmd);
+	}
+	if (c.node != VGPU_NODE_UVM && c.nr == NV_ESC_IOCTL_XFER_CMD &&
+	    c.size == sizeof(xfer)) {
+		if (copy_from_user(&xfer, c.params, sizeof(xfer)))
+			return -EFAULT;
+		/* Oversized: left to the driver, which refuses it. */
+		if (xfer.size <= VGPU_PARAMS_MAX) {
+			c.nr = _IOC_NR(xfer.cmd);
+			c.size = xfer.size;
+			c.params = u64_to_user_ptr(xfer.ptr);
+			c.flags = VGPU_UPCALL_F_XFER;
+		}
+	}
+
+	trace_vgpu_ioctl_enter(ctx->id, cmd, c.nr);
+	copy_size = c.size;
+	if (vgpu_filter_candidates(c.node, c.nr, &copy_size)) {
+		slow = true;
+		ret = vgpu_ioctl_slow(ctx, &c, copy_size);
+	} else {
+		ret = vgpu_forward(ctx, &c);
+	}
+	trace_vgpu_ioctl_exit(ctx->id, c.nr, ret, slow);
+	return ret;
+}
+
+static int vgpu_open_upcall(struct vgpu_ctx *ctx)
+{
+	struct vgpu_upcall_msg m;
+	struct vgpu_verdict v;
+	char *cgpath = NULL;
+	int out;
+
+#ifdef CONFIG_CGROUPS
+	cgpath = kmalloc(PATH_MAX, GFP_KERNEL);
+	if (cgpath) {
+		rcu_read_lock();
+		if (cgroup_path(task_dfl_cgroup(current), cgpath, PATH_MAX) < 0) {
+			kfree(cgpath);
+			cgpath = NULL;
+		}
+		rcu_read_unlock();
+	}
+#endif
+	vgpu_msg_init(&m, ctx, VGPU_UPCALL_OPEN);
+	m.cgroup = cgpath;
+	out = vgpu_upcall(&m, &v);
+	kfree(cgpath);
+	if (out < 0)
+		return out;
+	if (out == VGPU_OUT_FORWARD)
+		return 0;
+	switch (v.action) {
+	case VGPU_VERDICT_ALLOW:
+		return 0;
+	case VGPU_VERDICT_DENY:
+		return -(int)v.error;
+	default:
+		return -EACCES;	/* FAIL_STATUS: refused for OPEN upcalls */
+	}
+}
+
+static int vgpu_open(struct inode *inode, struct file *file)
+{
+	struct vgpu_node_dev *nd = vgpu_nodes[iminor(inode)];
+	struct vgpu_ctx *ctx;
+	struct file *backing;
+	int err;
+
+	if (!nd)
+		return -ENXIO;
+	ctx = kzalloc(sizeof(*ctx), GFP_KERNEL);
+	if (!ctx)
+		return -ENOMEM;
+	ctx->id = atomic64_inc_return(&vgpu_ctx_ids);
+	ctx->node = nd;
+	ctx->pid = task_pid_nr(current);
+	ctx->tgid = task_tgid_nr(current);
+	ctx->uid = from_kuid_munged(&init_user_ns, current_fsuid());
+	ctx->gid = from_kgid_munged(&init_user_ns, current_fsgid());
+#ifdef CONFIG_CGROUPS
+	rcu_read_lock();
+	ctx->cgroup_id = cgroup_id(task_dfl_cgroup(current));
+	rcu_read_unlock();
+#endif
+
+	backing = filp_open(nd->backing, file->f_flags &
+			    ~(O_CREAT | O_EXCL | O_TRUNC | O_NOCTTY), 0);
+	if (IS_ERR(backing)) {
+		err = PTR_ERR(backing);
+		goto err_free_ctx;
+	}
+	ctx->backing = backing;
+
+	if (vgpu_filter_wants_open()) {
+		err = vgpu_open_upcall(ctx);
+		if (err)
+			goto err_put_backing;
+	}
+
+	file->private_data = ctx;
+	atomic64_inc(&vgpu_counters.contexts);
+	vgpu_count(&vgpu_counters.opens);
+	return 0;
+
+err_put_backing:
+	fput(backing);
+err_free_ctx:
+	kfree(ctx);
+	return err;
+}
+
+static int vgpu_release(struct inode *inode, struct file *file)
+{
+	struct vgpu_ctx *ctx = file->private_data;
+	struct vgpu_event ev = {
+		.ctx_id = ctx->id,
+		.kind = VGPU_EVENT_CLOSE,
+	};
+
+	vgpu_event(&ev, NULL, 0, NULL, 0);
+	fput(ctx->backing);
+	kfree(ctx);
+	atomic64_dec(&vgpu_counters.contexts);
+	return 0;
+}
+
+static int vgpu_mmap(struct file *file, struct vm_area_struct *vma)
+{
+	struct vgpu_ctx *ctx = file->private_data;
+	struct file *b = ctx->backing;
+
+	if (!b->f_op->mmap)
+		return -ENODEV;
+	vma_set_file(vma, b);
+	vgpu_count(&vgpu_counters.mmaps);
+	return call_mmap(b, vma);
+}
+
+static __poll_t vgpu_poll(struct file *file, struct poll_table_struct *pt)
+{
+	struct vgpu_ctx *ctx = file->private_data;
+
+	return vfs_poll(ctx->backing, pt);
+}
+
+const struct file_operations vgpu_fops = {
+	.owner		= THIS_MODULE,
+	.open		= vgpu_open,
+	.release	= vgpu_release,
+	.unlocked_ioctl	= vgpu_ioctl,
+	.compat_ioctl	= vgpu_ioctl,
+	.mmap		= vgpu_mmap,
+	.poll		= vgpu_poll,
+	.llseek		= noop_llseek,
+};
+
+static char *vgpu_devnode(VGPU_DEVNODE_CONST struct device *dev, umode_t *mode)
+{
+	if (mode)
+		*mode = 0666;
+	return kasprintf(GFP_KERNEL, "vgpu/%s", dev_name(dev));
+}
+
+/* Is there a char device at @path? */
+static bool vgpu_backing_exists(const char *path)
+{
+	struct path p;
+	bool ok;
+
+	if (kern_path(path, LOOKUP_FOLLOW, &p))
+		return false;
+	ok = S_ISCHR(d_inode(p.dentry)->i_mode);
+	path_put(&p);
+	return ok;
+}
+
+static void vgpu_nodes_free(void)
+{
+	int i;
+
+	for (i = 0; i < VGPU_MINORS; i++) {
+		if (!vgpu_nodes[i])
+			continue;
+		kfree(vgpu_nodes[i]->backing);
+		kfree(vgpu_nodes[i]);
+		vgpu_nodes[i] = NULL;
+	}
+}
+
+/* Adds the node of @minor when its backing file exists. */
+static int vgpu_node_probe(unsigned int minor, u32 kind, u32 index,
+			   const char *name)
+{
+	struct vgpu_node_dev *nd;
+
+	nd = kzalloc(sizeof(*nd), GFP_KERNEL);
+	if (!nd)
+		return -ENOMEM;
+	nd->kind = kind;
+	nd->index = index;
+	nd->backing = kasprintf(GFP_KERNEL, "%s/%s", vgpu_backing_dir, name);
+	if (!nd->backing) {
+		kfree(nd);
+		return -ENOMEM;
+	}
+	if (!vgpu_backing_exists(nd->backing)) {
+		kfree(nd->backing);
+		kfree(nd);
+		return 0;
+	}
+	vgpu_nodes[minor] = nd;
+	return 0;
+}
+
+static int vgpu_nodes_probe(void)
+{
+	char name[16];
+	unsigned int i;
+	int err;
+
+	err = vgpu_node_probe(VGPU_MINOR_CTL, VGPU_NODE_CTL, 0, "nvidiactl");
+	if (err)
+		return err;
+	if (!vgpu_nodes[VGPU_MINOR_CTL]) {
+		pr_err("vgpu: no backing %s/nvidiactl\n", vgpu_backing_dir);
+		return -ENODEV;
+	}
+	for (i = 0; i < VGPU_MAX_GPUS; i++) {
+		snprintf(name, sizeof(name), "nvidia%u", i);
+		err = vgpu_node_probe(i, VGPU_NODE_GPU, i, name);
+		if (err)
+			return err;
+	}
+	return vgpu_node_probe(VGPU_MINOR_UVM, VGPU_NODE_UVM, 0, "nvidia-uvm");
+}
+
+static void vgpu_devices_destroy(void)
+{
+	int i;
+
+	for (i = VGPU_MINORS - 1; i >= 0; i--) {
+		if (vgpu_nodes[i] && vgpu_nodes[i]->dev) {
+			device_destroy(vgpu_class, MKDEV(MAJOR(vgpu_devt), i));
+			vgpu_nodes[i]->dev = NULL;
+		}
+	}
+}
+
+static int vgpu_devices_create(void)
+{
+	struct device *dev;
+	const char *base;
+	int i;
+
+	for (i = 0; i < VGPU_MINORS; i++) {
+		if (!vgpu_nodes[i])
+			continue;
+		/* The device name is the backing file's name. */
+		base = strrchr(vgpu_nodes[i]->backing, '/') + 1;
+		dev = device_create(vgpu_class, NULL,
+				    MKDEV(MAJOR(vgpu_devt), i), NULL, "%s",
+				    base);
+		if (IS_ERR(dev)) {
+			vgpu_devices_destroy();
+			return PTR_ERR(dev);
+		}
+		vgpu_nodes[i]->dev = dev;
+	}
+	return 0;
+}
+
+int vgpu_chardev_init(void)
+{
+	int err;
+
+	err = vgpu_nodes_probe();
+	if (err)
+		goto err_nodes;
+	err = alloc_chrdev_region(&vgpu_devt, 0, VGPU_MINORS, "vgpu");
+	if (err)
+		goto err_nodes;
+	vgpu_class = vgpu_class_create("vgpu");
+	if (IS_ERR(vgpu_class)) {
+		err = PTR_ERR(vgpu_class);
+		goto err_region;
+	}
+	vgpu_class->devnode = vgpu_devnode;
+	cdev_init(&vgpu_cdev, &vgpu_fops);
+	vgpu_cdev.owner = THIS_MODULE;
+	err = cdev_add(&vgpu_cdev, vgpu_devt, VGPU_MINORS);
+	if (err)
+		goto err_class;
+	err = vgpu_devices_create();
+	if (err)
+		goto err_cdev;
+	return 0;
+
+err_cdev:
+	cdev_del(&vgpu_cdev);
+err_class:
+	class_destroy(vgpu_class);
+err_region:
+	unregister_chrdev_region(vgpu_devt, VGPU_MINORS);
+err_nodes:
+	vgpu_nodes_free();
+	return err;
+}
+
+void vgpu_chardev_exit(void)
+{
+	vgpu_devices_destroy();
+	cdev_del(&vgpu_cdev);
+	class_destroy(vgpu_class);
+	unregister_chrdev_region(vgpu_devt, VGPU_MINORS);
+	vgpu_nodes_free();
+}

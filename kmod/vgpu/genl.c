@@ -1,0 +1,320 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * The generic netlink family "vgpu": daemon -> kernel commands, kernel ->
+ * daemon upcalls and events, and the notifier that sees the daemon go.
+ */
+#include <linux/netlink.h>
+#include <linux/notifier.h>
+#include <linux/stringify.h>
+#include <net/genetlink.h>
+#include <net/netlink.h>
+
+#include "vgpu.h"
+
+static const struct nla_policy vgpu_nl_policy[VGPU_A_MAX + 1] = {
+	[VGPU_A_VERSION]	= { .type = NLA_U32 },
+	[VGPU_A_FILTER_FLAGS]	= NLA_POLICY_MASK(NLA_U32, VGPU_FILTER_OPEN),
+	[VGPU_A_RULES]		= { .type = NLA_BINARY,
+				    .len = VGPU_RULES_MAX *
+					   sizeof(struct vgpu_rule) },
+	[VGPU_A_STATS]		= NLA_POLICY_EXACT_LEN(sizeof(struct vgpu_stats)),
+	[VGPU_A_UPCALL]		= NLA_POLICY_EXACT_LEN(sizeof(struct vgpu_upcall)),
+	[VGPU_A_PARAMS]		= { .type = NLA_BINARY, .len = VGPU_PARAMS_MAX },
+	[VGPU_A_DATA]		= { .type = NLA_BINARY, .len = VGPU_PARAMS_MAX },
+	[VGPU_A_CGROUP]		= { .type = NLA_NUL_STRING, .len = PATH_MAX - 1 },
+	[VGPU_A_VERDICT]	= NLA_POLICY_EXACT_LEN(sizeof(struct vgpu_verdict)),
+	[VGPU_A_EVENT]		= NLA_POLICY_EXACT_LEN(sizeof(struct vgpu_event)),
+};
+
+static struct genl_family vgpu_genl_family;
+
+/* Like NL_SET_ERR_MSG_ATTR, for a message chosen at run time. @msg is static. */
+static void vgpu_extack(struct netlink_ext_ack *extack,
+			const struct nlattr *attr, const char *msg)
+{
+	if (!extack)
+		return;
+	extack->_msg = msg;
+	extack->bad_attr = attr;
+}
+
+static int vgpu_nl_register(struct sk_buff *skb, struct genl_info *info)
+{
+	u32 version;
+	int err;
+
+	if (GENL_REQ_ATTR_CHECK(info, VGPU_A_VERSION))
+		return -EINVAL;
+	version = nla_get_u32(info->attrs[VGPU_A_VERSION]);
+	if (version != VGPU_PROTO_VERSION) {
+#ifdef NL_SET_ERR_MSG_FMT
+		NL_SET_ERR_MSG_FMT(info->extack,
+				   "vgpu: daemon speaks protocol version %u, module speaks %u",
+				   version, VGPU_PROTO_VERSION);
+#else
+		NL_SET_ERR_MSG_ATTR(info->extack, info->attrs[VGPU_A_VERSION],
+				    "vgpu: unsupported protocol version (attribute VERSION); module speaks version "
+				    __stringify(VGPU_PROTO_VERSION));
+#endif
+		pr_notice_ratelimited("vgpu: daemon protocol version %u refused, module speaks %u\n",
+				      version, VGPU_PROTO_VERSION);
+		return -EPROTONOSUPPORT;
+	}
+	err = vgpu_daemon_register(genl_info_net(info), info->snd_portid);
+	if (err == -EBUSY)
+		NL_SET_ERR_MSG(info->extack,
+			       "vgpu: another daemon is registered");
+	else if (!err)
+		pr_info("vgpu: daemon registered (port %u)\n",
+			info->snd_portid);
+	return err;
+}
+
+static int vgpu_nl_unregister(struct sk_buff *skb, struct genl_info *info)
+{
+	int err;
+
+	err = vgpu_daemon_unregister(genl_info_net(info), info->snd_portid);
+	if (err == -EPERM)
+		NL_SET_ERR_MSG(info->extack,
+			       "vgpu: sender is not the registered daemon");
+	else if (err == -ENOENT)
+		NL_SET_ERR_MSG(info->extack, "vgpu: no daemon is registered");
+	return err;
+}
+
+static int vgpu_nl_set_filter(struct sk_buff *skb, struct genl_info *info)
+{
+	const struct nlattr *rules = info->attrs[VGPU_A_RULES];
+	const char *why = NULL;
+	u32 flags = 0, n = 0;
+	int err;
+
+	if (info->attrs[VGPU_A_FILTER_FLAGS])
+		flags = nla_get_u32(info->attrs[VGPU_A_FILTER_FLAGS]);
+	if (rules) {
+		if (nla_len(rules) % sizeof(struct vgpu_rule)) {
+			NL_SET_ERR_MSG_ATTR(info->extack, rules,
+					    "vgpu: RULES length is not a multiple of struct vgpu_rule");
+			return -EINVAL;
+		}
+		n = nla_len(rules) / sizeof(struct vgpu_rule);
+	}
+	err = vgpu_filter_set(flags, rules ? nla_data(rules) : NULL, n, &why);
+	if (err && why)
+		vgpu_extack(info->extack, rules, why);
+	return err;
+}
+
+static void vgpu_stats_fill(struct vgpu_stats *s)
+{
+	struct vgpu_counters *c = &vgpu_counters;
+
+	memset(s, 0, sizeof(*s));
+	s->version = VGPU_PROTO_VERSION;
+	s->daemon_portid = vgpu_daemon_portid();
+	s->contexts = atomic64_read(&c->contexts);
+	s->opens = atomic64_read(&c->opens);
+	s->ioctls = atomic64_read(&c->ioctls);
+	s->upcalls = atomic64_read(&c->upcalls);
+	s->verdicts = atomic64_read(&c->verdicts);
+	s->timeouts = atomic64_read(&c->timeouts);
+	s->lost = atomic64_read(&c->lost);
+	s->fail_open = atomic64_read(&c->fail_open);
+	s->fail_closed = atomic64_read(&c->fail_closed);
+	s->killed = atomic64_read(&c->killed);
+	s->events = atomic64_read(&c->events);
+	s->events_lost = atomic64_read(&c->events_lost);
+	s->bad_verdicts = atomic64_read(&c->bad_verdicts);
+	s->mmaps = atomic64_read(&c->mmaps);
+}
+
+static int vgpu_nl_get_stats(struct sk_buff *skb, struct genl_info *info)
+{
+	struct vgpu_stats stats;
+	struct sk_buff *msg;
+	void *hdr;
+
+	msg = genlmsg_new(nla_total_size(sizeof(stats)), GFP_KERNEL);
+	if (!msg)
+		return -ENOMEM;
+	hdr = genlmsg_put_reply(msg, info, &vgpu_genl_family, 0,
+				VGPU_CMD_GET_STATS);
+	if (!hdr)
+		goto nospace;
+	vgpu_stats_fill(&stats);
+	if (nla_put(msg, VGPU_A_STATS, sizeof(stats), &stats))
+		goto nospace;
+	genlmsg_end(msg, hdr);
+	return genlmsg_reply(msg, info);
+nospace:
+	nlmsg_free(msg);
+	return -EMSGSIZE;
+}
+
+static int vgpu_nl_verdict(struct sk_buff *skb, struct genl_info *info)
+{
+	struct vgpu_verdict v;
+	const char *why = NULL;
+	int err;
+
+	if (GENL_REQ_ATTR_CHECK(info, VGPU_A_VERDICT))
+		return -EINVAL;
+	memcpy(&v, nla_data(info->attrs[VGPU_A_VERDICT]), sizeof(v));
+	err = vgpu_verdict(genl_info_net(info), info->snd_portid, &v, &why);
+	if (err && why)
+		vgpu_extack(info->extack, info->attrs[VGPU_A_VERDICT], why);
+	return err;
+}
+
+static const struct genl_small_ops vgpu_nl_ops[] = {
+	{
+		.cmd	= VGPU_CMD_REGISTER,
+		.doit	= vgpu_nl_register,
+		.flags	= GENL_ADMIN_PERM,
+	},
+	{
+		.cmd	= VGPU_CMD_SET_FILTER,
+		.doit	= vgpu_nl_set_filter,
+		.flags	= GENL_ADMIN_PERM,
+	},
+	{
+		.cmd	= VGPU_CMD_GET_STATS,
+		.doit	= vgpu_nl_get_stats,
+		.flags	= GENL_ADMIN_PERM,
+	},
+	{
+		.cmd	= VGPU_CMD_VERDICT,
+		.doit	= vgpu_nl_verdict,
+		.flags	= GENL_ADMIN_PERM,
+	},
+	{
+		.cmd	= VGPU_CMD_UNREGISTER,
+		.doit	= vgpu_nl_unregister,
+		.flags	= GENL_ADMIN_PERM,
+	},
+};
+
+static struct genl_family vgpu_genl_family = {
+	.name		= VGPU_GENL_NAME,
+	.version	= VGPU_GENL_VERSION,
+	.maxattr	= VGPU_A_MAX,
+	.policy		= vgpu_nl_policy,
+	.parallel_ops	= true,
+	.module		= THIS_MODULE,
+	.small_ops	= vgpu_nl_ops,
+	.n_small_ops	= ARRAY_SIZE(vgpu_nl_ops),
+};
+
+/* Builds a kernel -> daemon message: header put, payload room reserved. */
+static struct sk_buff *vgpu_genl_new(u8 cmd, size_t payload, void **hdr)
+{
+	struct sk_buff *skb;
+
+	skb = genlmsg_new(payload, GFP_KERNEL);
+	if (!skb)
+		return NULL;
+	*hdr = genlmsg_put(skb, 0, 0, &vgpu_genl_family, 0, cmd);
+	if (!*hdr) {
+		nlmsg_free(skb);
+		return NULL;
+	}
+	return skb;
+}
+
+struct sk_buff *vgpu_genl_upcall_skb(const struct vgpu_upcall_msg *m)
+{
+	size_t cglen = m->cgroup ? strlen(m->cgroup) + 1 : 0;
+	struct sk_buff *skb;
+	void *hdr;
+
+	skb = vgpu_genl_new(VGPU_CMD_UPCALL,
+			    nla_total_size(sizeof(m->hdr)) +
+			    nla_total_size(m->params_len) +
+			    nla_total_size(m->data_len) +
+			    nla_total_size(cglen), &hdr);
+	if (!skb)
+		return NULL;
+	if (nla_put(skb, VGPU_A_UPCALL, sizeof(m->hdr), &m->hdr))
+		goto nospace;
+	if (m->params && nla_put(skb, VGPU_A_PARAMS, m->params_len, m->params))
+		goto nospace;
+	if (m->data && nla_put(skb, VGPU_A_DATA, m->data_len, m->data))
+		goto nospace;
+	if (m->cgroup && nla_put_string(skb, VGPU_A_CGROUP, m->cgroup))
+		goto nospace;
+	genlmsg_end(skb, hdr);
+	return skb;
+nospace:
+	nlmsg_free(skb);
+	return NULL;
+}
+
+struct sk_buff *vgpu_genl_event_skb(const struct vgpu_event *ev,
+				    const void *params, u32 plen,
+				    const void *data, u32 dlen)
+{
+	struct sk_buff *skb;
+	void *hdr;
+
+	skb = vgpu_genl_new(VGPU_CMD_EVENT,
+			    nla_total_size(sizeof(*ev)) +
+			    nla_total_size(plen) + nla_total_size(dlen), &hdr);
+	if (!skb)
+		return NULL;
+	if (nla_put(skb, VGPU_A_EVENT, sizeof(*ev), ev))
+		goto nospace;
+	if (params && nla_put(skb, VGPU_A_PARAMS, plen, params))
+		goto nospace;
+	if (data && nla_put(skb, VGPU_A_DATA, dlen, data))
+		goto nospace;
+	genlmsg_end(skb, hdr);
+	return skb;
+nospace:
+	nlmsg_free(skb);
+	return NULL;
+}
+
+/* Consumes @skb. Never blocks: a full receive queue is an error. */
+int vgpu_genl_send(struct net *net, u32 portid, struct sk_buff *skb)
+{
+	return genlmsg_unicast(net, skb, portid);
+}
+
+static int vgpu_nl_notify(struct notifier_block *nb, unsigned long state,
+			  void *ptr)
+{
+	struct netlink_notify *n = ptr;
+
+	if (state == NETLINK_URELEASE && n->protocol == NETLINK_GENERIC &&
+	    n->portid)
+		vgpu_daemon_gone(n->net, n->portid);
+	return NOTIFY_DONE;
+}
+
+static struct notifier_block vgpu_nl_notifier = {
+	.notifier_call = vgpu_nl_notify,
+};
+
+int vgpu_genl_init(void)
+{
+	int err;
+
+	err = netlink_register_notifier(&vgpu_nl_notifier);
+	if (err)
+		return err;
+	err = genl_register_family(&vgpu_genl_family);
+	if (err)
+		goto err_notifier;
+	return 0;
+
+err_notifier:
+	netlink_unregister_notifier(&vgpu_nl_notifier);
+	return err;
+}
+
+void vgpu_genl_exit(void)
+{
+	genl_unregister_family(&vgpu_genl_family);
+	netlink_unregister_notifier(&vgpu_nl_notifier);
+}

@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * vgpu: emulated NVIDIA device files for the vgpud GPU-sharing service.
+ * Module parameters, counters, and init/exit in mirrored order.
+ */
+#include <linux/build_bug.h>
+#include <linux/module.h>
+#include <linux/moduleparam.h>
+#include <linux/stddef.h>
+
+#include "vgpu.h"
+
+#define CREATE_TRACE_POINTS
+#include "trace.h"
+
+char *vgpu_backing_dir = "/dev";
+module_param_named(backing_dir, vgpu_backing_dir, charp, 0444);
+MODULE_PARM_DESC(backing_dir, "directory of the backing driver's nodes (default /dev)");
+
+unsigned int vgpu_upcall_timeout_ms = 5000;
+module_param_named(upcall_timeout_ms, vgpu_upcall_timeout_ms, uint, 0644);
+MODULE_PARM_DESC(upcall_timeout_ms, "how long a call waits for the daemon's verdict (ms, default 5000)");
+
+bool vgpu_fail_open;
+module_param_named(fail_open, vgpu_fail_open, bool, 0644);
+MODULE_PARM_DESC(fail_open, "forward calls the daemon cannot decide (default: refuse them)");
+
+struct vgpu_counters vgpu_counters;
+
+/* The uapi layouts, as the daemon's tests pin them too. */
+static void __init vgpu_check_abi(void)
+{
+	BUILD_BUG_ON(sizeof(struct vgpu_rule) != 160);
+	BUILD_BUG_ON(offsetof(struct vgpu_rule, match_off) != 12);
+	BUILD_BUG_ON(offsetof(struct vgpu_rule, flags) != 28);
+	BUILD_BUG_ON(offsetof(struct vgpu_rule, match) != 32);
+	BUILD_BUG_ON(sizeof(struct vgpu_upcall) != 80);
+	BUILD_BUG_ON(offsetof(struct vgpu_upcall, kind) != 24);
+	BUILD_BUG_ON(offsetof(struct vgpu_upcall, flags) != 44);
+	BUILD_BUG_ON(offsetof(struct vgpu_upcall, caller_tgid) != 68);
+	BUILD_BUG_ON(offsetof(struct vgpu_upcall, reserved) != 72);
+	BUILD_BUG_ON(sizeof(struct vgpu_verdict) != 24);
+	BUILD_BUG_ON(offsetof(struct vgpu_verdict, action) != 8);
+	BUILD_BUG_ON(offsetof(struct vgpu_verdict, status_off) != 20);
+	BUILD_BUG_ON(sizeof(struct vgpu_event) != 32);
+	BUILD_BUG_ON(offsetof(struct vgpu_event, kind) != 16);
+	BUILD_BUG_ON(offsetof(struct vgpu_event, ret) != 24);
+	BUILD_BUG_ON(sizeof(struct vgpu_stats) != 120);
+	BUILD_BUG_ON(offsetof(struct vgpu_stats, contexts) != 8);
+	BUILD_BUG_ON(offsetof(struct vgpu_stats, mmaps) != 112);
+	BUILD_BUG_ON(sizeof(struct nv_ioctl_xfer) != 16);
+	BUILD_BUG_ON(VGPU_NODE_UVM >= VGPU_NODE_KINDS);
+}
+
+static int __init vgpu_init(void)
+{
+	int err;
+
+	vgpu_check_abi();
+	err = vgpu_genl_init();
+	if (err)
+		return err;
+	err = vgpu_chardev_init();
+	if (err)
+		goto err_genl;
+	pr_info("vgpu: loaded, backing %s, protocol %u\n", vgpu_backing_dir,
+		VGPU_PROTO_VERSION);
+	return 0;
+
+err_genl:
+	vgpu_genl_exit();
+	vgpu_upcall_exit();
+	vgpu_filter_exit();
+	return err;
+}
+
+static void __exit vgpu_exit(void)
+{
+	vgpu_chardev_exit();
+	vgpu_genl_exit();
+	vgpu_upcall_exit();
+	vgpu_filter_exit();
+}
+
+module_init(vgpu_init);
+module_exit(vgpu_exit);
+
+MODULE_LICENSE("GPL");
+MODULE_AUTHOR("vgpud project");
+MODULE_DESCRIPTION("Emulated NVIDIA device files with daemon upcalls");

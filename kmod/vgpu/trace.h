@@ -1,0 +1,82 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * Tracepoints of the vgpu module (tracefs: events/vgpu/). eBPF tools attach
+ * to them; their fields are part of what those tools read.
+ */
+#undef TRACE_SYSTEM
+#define TRACE_SYSTEM vgpu
+
+#if !defined(_VGPU_TRACE_H) || defined(TRACE_HEADER_MULTI_READ)
+#define _VGPU_TRACE_H
+
+#include <linux/tracepoint.h>
+
+TRACE_EVENT(vgpu_ioctl_enter,
+	    TP_PROTO(u64 ctx_id, u32 cmd, u32 nr),
+	    TP_ARGS(ctx_id, cmd, nr),
+	    TP_STRUCT__entry(__field(u64, ctx_id)
+			     __field(u32, cmd)
+			     __field(u32, nr)),
+	    TP_fast_assign(__entry->ctx_id = ctx_id;
+			   __entry->cmd = cmd;
+			   __entry->nr = nr;),
+	    TP_printk("ctx=%llu cmd=0x%x nr=0x%x",
+		      __entry->ctx_id, __entry->cmd, __entry->nr)
+);
+
+TRACE_EVENT(vgpu_ioctl_exit,
+	    TP_PROTO(u64 ctx_id, u32 nr, s64 ret, u32 slow),
+	    TP_ARGS(ctx_id, nr, ret, slow),
+	    TP_STRUCT__entry(__field(u64, ctx_id)
+			     __field(s64, ret)
+			     __field(u32, nr)
+			     __field(u32, slow)),
+	    TP_fast_assign(__entry->ctx_id = ctx_id;
+			   __entry->ret = ret;
+			   __entry->nr = nr;
+			   __entry->slow = slow;),
+	    TP_printk("ctx=%llu nr=0x%x ret=%lld slow=%u",
+		      __entry->ctx_id, __entry->nr, __entry->ret,
+		      __entry->slow)
+);
+
+TRACE_EVENT(vgpu_upcall_send,
+	    TP_PROTO(u64 id, u64 ctx_id, u32 kind, u32 nr),
+	    TP_ARGS(id, ctx_id, kind, nr),
+	    TP_STRUCT__entry(__field(u64, id)
+			     __field(u64, ctx_id)
+			     __field(u32, kind)
+			     __field(u32, nr)),
+	    TP_fast_assign(__entry->id = id;
+			   __entry->ctx_id = ctx_id;
+			   __entry->kind = kind;
+			   __entry->nr = nr;),
+	    TP_printk("id=%llu ctx=%llu kind=%u nr=0x%x",
+		      __entry->id, __entry->ctx_id, __entry->kind,
+		      __entry->nr)
+);
+
+/*
+ * @action is the verdict's action, or 0 when the upcall got no verdict
+ * (then @value is the fail-policy errno, negative).
+ */
+TRACE_EVENT(vgpu_upcall_verdict,
+	    TP_PROTO(u64 id, u32 action, s32 value),
+	    TP_ARGS(id, action, value),
+	    TP_STRUCT__entry(__field(u64, id)
+			     __field(u32, action)
+			     __field(s32, value)),
+	    TP_fast_assign(__entry->id = id;
+			   __entry->action = action;
+			   __entry->value = value;),
+	    TP_printk("id=%llu action=%u value=%d",
+		      __entry->id, __entry->action, __entry->value)
+);
+
+#endif /* _VGPU_TRACE_H */
+
+#undef TRACE_INCLUDE_PATH
+#define TRACE_INCLUDE_PATH .
+#undef TRACE_INCLUDE_FILE
+#define TRACE_INCLUDE_FILE trace
+#include <trace/define_trace.h>

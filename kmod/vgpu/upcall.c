@@ -1,0 +1,635 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Upcalls to the daemon: the registered responder, the table of pending
+ * upcalls, the fail policy, and the filter that selects the slow path.
+ *
+ * Every upcall completes exactly once. Four parties race to complete it: the
+ * verdict handler, the daemon's death (URELEASE or UNREGISTER), the waiter's
+ * timeout and a fatal signal to the waiter. Whoever unlinks the request from
+ * the pending table under vgpu_daemon.lock owns the outcome; the others see
+ * an unlinked request and back off.
+ */
+#include <linux/completion.h>
+#include <linux/jiffies.h>
+#include <linux/list.h>
+#include <linux/mutex.h>
+#include <linux/sched.h>
+#include <linux/skbuff.h>
+#include <linux/slab.h>
+#include <linux/spinlock.h>
+#include "compat.h"
+#include <net/net_namespace.h>
+
+#include "vgpu.h"
+#include "trace.h"
+
+/**
+ * struct vgpu_req - one upcall waiting for its verdict (on the waiter's stack)
+ * @node: link in vgpu_daemon.pending; empty once the request is owned
+ * @id: the upcall id
+ * @params_len: size of the params sent, bounds FAIL_STATUS's offset
+ * @done: completed, under the lock, by whoever unlinks @node other than
+ *	the waiter
+ * @err: 0: @verdict holds the daemon's answer; else the fail-policy errno
+ * @verdict: the daemon's answer
+ */
+struct vgpu_req {
+	struct list_head node;
+	u64 id;
+	u32 params_len;
+	struct completion done;
+	int err;
+	struct vgpu_verdict verdict;
+};
+
+/*
+ * The registered responder and the upcalls sent to it. @lock protects all
+ * fields and the list links of every request on @pending; it is only taken
+ * in process context and never held while sleeping.
+ */
+static struct {
+	spinlock_t lock;		/* protects the fields below */
+	struct net *net;		/* reference held while registered */
+	u32 portid;			/* 0 when no daemon is registered */
+	struct list_head pending;	/* struct vgpu_req.node */
+} vgpu_daemon = {
+	.lock = __SPIN_LOCK_UNLOCKED(vgpu_daemon.lock),
+	.pending = LIST_HEAD_INIT(vgpu_daemon.pending),
+};
+
+static atomic64_t vgpu_upcall_ids = ATOMIC64_INIT(0);
+
+/* Serializes writers of vgpu_filter; readers use RCU. */
+static DEFINE_MUTEX(vgpu_filter_mutex);
+struct vgpu_filter __rcu *vgpu_filter;
+
+/* Caller holds vgpu_daemon.lock. Completes every pending request with @err. */
+static void vgpu_pending_fail_locked(int err)
+{
+	struct vgpu_req *req, *tmp;
+
+	list_for_each_entry_safe(req, tmp, &vgpu_daemon.pending, node) {
+		list_del_init(&req->node);
+		req->err = err;
+		complete(&req->done);
+	}
+}
+
+/* Drops the registered daemon; caller holds the lock. Returns its net. */
+static struct net *vgpu_daemon_clear_locked(void)
+{
+	struct net *net = vgpu_daemon.net;
+
+	vgpu_daemon.net = NULL;
+	vgpu_daemon.portid = 0;
+	vgpu_pending_fail_locked(-EHOSTDOWN);
+	return net;
+}
+
+static bool vgpu_daemon_match_locked(struct net *net, u32 portid)
+{
+	return vgpu_daemon.portid && vgpu_daemon.portid == portid &&
+	       net_eq(vgpu_daemon.net, net);
+}
+
+int vgpu_daemon_register(struct net *net, u32 portid)
+{
+	int err = 0;
+
+	spin_lock(&vgpu_daemon.lock);
+	if (vgpu_daemon.portid) {
+		if (!vgpu_daemon_match_locked(net, portid))
+			err = -EBUSY;
+	} else {
+		vgpu_daemon.net = get_net(net);
+		vgpu_daemon.portid = portid;
+	}
+	spin_unlock(&vgpu_daemon.lock);
+	return err;
+}
+
+int vgpu_daemon_unregister(struct net *net, u32 portid)
+{
+	struct net *old = NULL;
+	int err = 0;
+
+	spin_lock(&vgpu_daemon.lock);
+	if (!vgpu_daemon.portid)
+		err = -ENOENT;
+	else if (!vgpu_daemon_match_locked(net, portid))
+		err = -EPERM;
+	else
+		old = vgpu_daemon_clear_locked();
+	spin_unlock(&vgpu_daemon.lock);
+	if (old)
+		put_net(old);
+	return err;
+}
+
+/* The netlink socket @portid in @net is gone; if it was the daemon, drop it. */
+void vgpu_daemon_gone(struct net *net, u32 portid)
+{
+	struct net *old = NULL;
+
+	spin_lock(&vgpu_daemon.lock);
+	if (vgpu_daemon_match_locked(net, portid))
+		old = vgpu_daemon_clear_locked();
+	spin_unlock(&vgpu_daemon.lock);
+	if (old) {
+		pr_info("vgpu: daemon (port %u) is gone\n", portid);
+		put_net(old);
+	}
+}
+
+u32 vgpu_daemon_portid(void)
+{
+	return READ_ONCE(vgpu_daemon.portid);
+}
+
+/* Returns a referenced net of the daemon and its port, or NULL for none. */
+static struct net *vgpu_daemon_get(u32 *portid)
+{
+	struct net *net = NULL;
+
+	spin_lock(&vgpu_daemon.lock);
+	if (vgpu_daemon.portid) {
+		net = get_net(vgpu_daemon.net);
+		*portid = vgpu_daemon.portid;
+	}
+	spin_unlock(&vgpu_daemon.lock);
+	return net;
+}
+
+/*
+ * The call got no verdict: apply the fail policy. Returns VGPU_OUT_FORWARD
+ * (fail-open) or @err (fail-closed).
+ */
+static int vgpu_fail_policy(u64 id, int err)
+{
+	trace_vgpu_upcall_verdict(id, 0, err);
+	if (READ_ONCE(vgpu_fail_open)) {
+		vgpu_count(&vgpu_counters.fail_open);
+		return VGPU_OUT_FORWARD;
+	}
+	vgpu_count(&vgpu_counters.fail_closed);
+	return err;
+}
+
+/* Takes @req out of the table if it is still there. True: the caller owns it. */
+static bool vgpu_req_claim(struct vgpu_req *req)
+{
+	bool owned = false;
+
+	spin_lock(&vgpu_daemon.lock);
+	if (!list_empty(&req->node)) {
+		list_del_init(&req->node);
+		owned = true;
+	}
+	spin_unlock(&vgpu_daemon.lock);
+	return owned;
+}
+
+/* The outcome set by whoever completed @req (we did not own it). */
+static int vgpu_req_result(struct vgpu_req *req, struct vgpu_verdict *v)
+{
+	if (req->err)
+		return vgpu_fail_policy(req->id, req->err);
+	*v = req->verdict;
+	return VGPU_OUT_VERDICT;
+}
+
+/**
+ * vgpu_upcall - send an upcall and wait for its verdict
+ * @msg: the upcall; @msg->hdr.id is assigned here
+ * @v: the verdict, when VGPU_OUT_VERDICT is returned
+ *
+ * Sleeps killable for at most upcall_timeout_ms. Errors of the fail-closed
+ * policy: -EHOSTDOWN when no daemon is registered, its socket is gone or
+ * the upcall could not be sent; -ETIMEDOUT when no verdict came in time.
+ * A fatal signal returns -EINTR.
+ *
+ * Return: VGPU_OUT_VERDICT, VGPU_OUT_FORWARD or a negative errno.
+ */
+int vgpu_upcall(struct vgpu_upcall_msg *msg, struct vgpu_verdict *v)
+{
+	struct vgpu_req req = {};
+	struct sk_buff *skb;
+	struct net *net;
+	unsigned long timeout;
+	u32 portid = 0;
+	long left;
+	int err;
+
+	req.id = atomic64_inc_return(&vgpu_upcall_ids);
+	req.params_len = msg->params_len;
+	INIT_LIST_HEAD(&req.node);
+	init_completion(&req.done);
+	msg->hdr.id = req.id;
+
+	if (!vgpu_daemon_portid()) {
+		vgpu_count(&vgpu_counters.lost);
+		return vgpu_fail_policy(req.id, -EHOSTDOWN);
+	}
+	skb = vgpu_genl_upcall_skb(msg);
+	if (!skb) {
+		vgpu_count(&vgpu_counters.lost);
+		return vgpu_fail_policy(req.id, -EHOSTDOWN);
+	}
+
+	/* Link before sending: the verdict may arrive before send returns. */
+	spin_lock(&vgpu_daemon.lock);
+	net = NULL;
+	if (vgpu_daemon.portid) {
+		net = get_net(vgpu_daemon.net);
+		portid = vgpu_daemon.portid;
+		list_add_tail(&req.node, &vgpu_daemon.pending);
+	}
+	spin_unlock(&vgpu_daemon.lock);
+	if (!net) {
+		kfree_skb(skb);
+		vgpu_count(&vgpu_counters.lost);
+		return vgpu_fail_policy(req.id, -EHOSTDOWN);
+	}
+
+	trace_vgpu_upcall_send(req.id, msg->hdr.ctx_id, msg->hdr.kind,
+			       msg->hdr.nr);
+	err = vgpu_genl_send(net, portid, skb);
+	put_net(net);
+	if (err) {
+		if (!vgpu_req_claim(&req))
+			return vgpu_req_result(&req, v);
+		vgpu_count(&vgpu_counters.lost);
+		return vgpu_fail_policy(req.id, -EHOSTDOWN);
+	}
+	vgpu_count(&vgpu_counters.upcalls);
+
+	timeout = msecs_to_jiffies(READ_ONCE(vgpu_upcall_timeout_ms));
+	left = wait_for_completion_killable_timeout(&req.done, timeout);
+	/*
+	 * Completed by someone else: they unlinked @req and called complete()
+	 * under the lock that vgpu_req_claim() has since taken, so nobody
+	 * touches @req any more and its outcome is set.
+	 */
+	if (!vgpu_req_claim(&req))
+		return vgpu_req_result(&req, v);
+	if (left < 0) {
+		vgpu_count(&vgpu_counters.killed);
+		trace_vgpu_upcall_verdict(req.id, 0, -EINTR);
+		return -EINTR;
+	}
+	vgpu_count(&vgpu_counters.timeouts);
+	return vgpu_fail_policy(req.id, -ETIMEDOUT);
+}
+
+static int vgpu_verdict_check(const struct vgpu_req *req,
+			      const struct vgpu_verdict *v)
+{
+	if (v->action == VGPU_VERDICT_FAIL_STATUS &&
+	    (req->params_len < sizeof(u32) ||
+	     v->status_off > req->params_len - sizeof(u32)))
+		return -EINVAL;
+	return 0;
+}
+
+/**
+ * vgpu_verdict - apply a verdict from the daemon
+ * @net: the sender's net
+ * @portid: the sender's port
+ * @v: the verdict
+ * @why: set to a message for the sender on error
+ *
+ * Return: 0; -EPERM when the sender is not the registered daemon; -EINVAL
+ * for a malformed verdict (the waiter is untouched); -ENOENT when the
+ * upcall is unknown or already complete.
+ */
+int vgpu_verdict(struct net *net, u32 portid, const struct vgpu_verdict *v,
+		 const char **why)
+{
+	struct vgpu_req *req;
+	bool found = false;
+	int err = 0;
+
+	switch (v->action) {
+	case VGPU_VERDICT_ALLOW:
+	case VGPU_VERDICT_FAIL_STATUS:
+		if (v->error) {
+			*why = "error must be 0 unless the action is DENY";
+			err = -EINVAL;
+		}
+		break;
+	case VGPU_VERDICT_DENY:
+		if (v->error < 1 || v->error > MAX_ERRNO) {
+			*why = "DENY error must be in 1..4095";
+			err = -EINVAL;
+		}
+		break;
+	default:
+		*why = "unknown verdict action";
+		err = -EINVAL;
+	}
+
+	spin_lock(&vgpu_daemon.lock);
+	if (!vgpu_daemon_match_locked(net, portid)) {
+		spin_unlock(&vgpu_daemon.lock);
+		*why = "sender is not the registered daemon";
+		return -EPERM;
+	}
+	if (err)
+		goto bad;
+	list_for_each_entry(req, &vgpu_daemon.pending, node) {
+		if (req->id == v->id) {
+			found = true;
+			break;
+		}
+	}
+	if (!found) {
+		spin_unlock(&vgpu_daemon.lock);
+		vgpu_count(&vgpu_counters.lost);
+		*why = "no such pending upcall (completed, timed out or unknown)";
+		return -ENOENT;
+	}
+	err = vgpu_verdict_check(req, v);
+	if (err) {
+		*why = "FAIL_STATUS status_off + 4 exceeds the params size";
+		goto bad;
+	}
+	list_del_init(&req->node);
+	req->verdict = *v;
+	req->err = 0;
+	complete(&req->done);
+	spin_unlock(&vgpu_daemon.lock);
+
+	vgpu_count(&vgpu_counters.verdicts);
+	trace_vgpu_upcall_verdict(v->id, v->action,
+				  v->action == VGPU_VERDICT_DENY ? v->error :
+				  v->status);
+	return 0;
+bad:
+	spin_unlock(&vgpu_daemon.lock);
+	vgpu_count(&vgpu_counters.bad_verdicts);
+	return err;
+}
+
+/**
+ * vgpu_event - send an event to the daemon without blocking
+ * @ev: the event header
+ * @params: params to attach, or NULL
+ * @plen: their length
+ * @data: data to attach, or NULL
+ * @dlen: its length
+ *
+ * Nothing is sent (and nothing counted) when no daemon is registered.
+ */
+void vgpu_event(const struct vgpu_event *ev, const void *params, u32 plen,
+		const void *data, u32 dlen)
+{
+	struct sk_buff *skb;
+	struct net *net;
+	u32 portid;
+
+	net = vgpu_daemon_get(&portid);
+	if (!net)
+		return;
+	skb = vgpu_genl_event_skb(ev, params, plen, data, dlen);
+	if (skb && !vgpu_genl_send(net, portid, skb))
+		vgpu_count(&vgpu_counters.events);
+	else
+		vgpu_count(&vgpu_counters.events_lost);
+	put_net(net);
+}
+
+/* Module exit: no file is open, so nothing waits; drop the daemon. */
+void vgpu_upcall_exit(void)
+{
+	struct net *old;
+
+	spin_lock(&vgpu_daemon.lock);
+	old = vgpu_daemon_clear_locked();
+	spin_unlock(&vgpu_daemon.lock);
+	if (old)
+		put_net(old);
+}
+
+/* --- the filter --- */
+
+#define VGPU_NODE_MASK_ALL	(BIT(VGPU_NODE_CTL) | BIT(VGPU_NODE_GPU) | \
+				 BIT(VGPU_NODE_UVM))
+
+/* Does [off, off + len) fit in a params block of @size (0: any size)? */
+static bool vgpu_off_ok(u32 off, u32 len, u32 size)
+{
+	u32 limit = size ? size : VGPU_PARAMS_MAX;
+
+	return limit >= len && off <= limit - len;
+}
+
+static int vgpu_rule_check(const struct vgpu_rule *r, const char **why)
+{
+	if (!r->node_mask || (r->node_mask & ~VGPU_NODE_MASK_ALL)) {
+		*why = "rule node_mask is empty or has unknown bits";
+		return -EINVAL;
+	}
+	if (r->flags) {
+		*why = "rule flags must be 0";
+		return -EINVAL;
+	}
+	if (r->n_match > VGPU_RULE_MATCH_MAX) {
+		*why = "rule n_match over VGPU_RULE_MATCH_MAX";
+		return -EINVAL;
+	}
+	if (r->size > VGPU_PARAMS_MAX) {
+		*why = "rule size over VGPU_PARAMS_MAX";
+		return -EINVAL;
+	}
+	if (r->match_off != VGPU_OFF_NONE &&
+	    !vgpu_off_ok(r->match_off, sizeof(u32), r->size)) {
+		*why = "rule match_off + 4 exceeds the params size";
+		return -EINVAL;
+	}
+	if (r->ptr_off != VGPU_OFF_NONE) {
+		if (!vgpu_off_ok(r->ptr_off, sizeof(u64), r->size)) {
+			*why = "rule ptr_off + 8 exceeds the params size";
+			return -EINVAL;
+		}
+		if (r->len_off == VGPU_OFF_NONE ||
+		    !vgpu_off_ok(r->len_off, sizeof(u32), r->size)) {
+			*why = "rule len_off missing or + 4 exceeds the params size";
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+/**
+ * vgpu_filter_set - validate and install a new filter, atomically
+ * @flags: VGPU_FILTER_*
+ * @rules: the rules (may be unaligned netlink payload)
+ * @n_rules: how many
+ * @why: set to a message for the sender on error
+ *
+ * Return: 0, -EINVAL for an invalid rule, -ENOMEM.
+ */
+int vgpu_filter_set(u32 flags, const void *rules, u32 n_rules,
+		    const char **why)
+{
+	struct vgpu_filter *f, *old;
+	struct vgpu_rule *r;
+	u32 i;
+	int err;
+
+	if (n_rules > VGPU_RULES_MAX) {
+		*why = "more than VGPU_RULES_MAX rules";
+		return -EINVAL;
+	}
+	f = kzalloc(struct_size(f, rules, n_rules), GFP_KERNEL);
+	if (!f)
+		return -ENOMEM;
+	f->flags = flags;
+	f->n_rules = n_rules;
+	if (n_rules)
+		memcpy(f->rules, rules, n_rules * sizeof(*r));
+	for (i = 0; i < n_rules; i++) {
+		r = &f->rules[i];
+		err = vgpu_rule_check(r, why);
+		if (err) {
+			kfree(f);
+			return err;
+		}
+		if (r->node_mask & BIT(VGPU_NODE_CTL))
+			__set_bit(r->nr & 0xff, f->nr_map[VGPU_NODE_CTL]);
+		if (r->node_mask & BIT(VGPU_NODE_GPU))
+			__set_bit(r->nr & 0xff, f->nr_map[VGPU_NODE_GPU]);
+		if (r->node_mask & BIT(VGPU_NODE_UVM))
+			__set_bit(r->nr & 0xff, f->nr_map[VGPU_NODE_UVM]);
+	}
+
+	mutex_lock(&vgpu_filter_mutex);
+	old = rcu_replace_pointer(vgpu_filter, f,
+				  lockdep_is_held(&vgpu_filter_mutex));
+	mutex_unlock(&vgpu_filter_mutex);
+	if (old)
+		kfree_rcu(old, rcu);
+	return 0;
+}
+
+bool vgpu_filter_wants_open(void)
+{
+	struct vgpu_filter *f;
+	bool wants;
+
+	rcu_read_lock();
+	f = rcu_dereference(vgpu_filter);
+	wants = f && (f->flags & VGPU_FILTER_OPEN);
+	rcu_read_unlock();
+	return wants;
+}
+
+static bool vgpu_rule_selects(const struct vgpu_rule *r, u32 node, u32 nr)
+{
+	return (r->node_mask & BIT(node)) && r->nr == nr;
+}
+
+/**
+ * vgpu_filter_candidates - may some rule select this call?
+ * @node: enum vgpu_node
+ * @nr: escape number (UVM: the command)
+ * @size: in: the call's params size; out: how many bytes of params to copy
+ *
+ * The quick reject of the fast path. On the UVM node the size of a call is
+ * not encoded in its command: a rule's size is the call's size, and the
+ * copy covers the largest candidate rule.
+ */
+bool vgpu_filter_candidates(u32 node, u32 nr, u32 *size)
+{
+	const struct vgpu_rule *r;
+	struct vgpu_filter *f;
+	bool any = false;
+	u32 i, max = 0;
+
+	rcu_read_lock();
+	f = rcu_dereference(vgpu_filter);
+	if (!f || !test_bit(nr & 0xff, f->nr_map[node]))
+		goto out;
+	for (i = 0; i < f->n_rules; i++) {
+		r = &f->rules[i];
+		if (!vgpu_rule_selects(r, node, nr))
+			continue;
+		if (node == VGPU_NODE_UVM) {
+			max = max(max, r->size);
+			any = true;
+		} else if (!r->size || r->size == *size) {
+			any = true;
+			break;
+		}
+	}
+	if (node == VGPU_NODE_UVM)
+		*size = max;
+out:
+	rcu_read_unlock();
+	return any;
+}
+
+/**
+ * vgpu_filter_match - the first rule that selects this call
+ * @node: enum vgpu_node
+ * @nr: escape number
+ * @size: the call's params size (UVM: the number of bytes in @params)
+ * @params: the kernel copy of the params
+ * @out: the matching rule, copied
+ * @eff: the params size of the call under that rule
+ */
+bool vgpu_filter_match(u32 node, u32 nr, u32 size, const void *params,
+		       struct vgpu_rule *out, u32 *eff)
+{
+	const struct vgpu_rule *r;
+	struct vgpu_filter *f;
+	bool found = false;
+	u32 i, j, n, key, len;
+
+	rcu_read_lock();
+	f = rcu_dereference(vgpu_filter);
+	if (!f)
+		goto out;
+	for (i = 0; i < f->n_rules && !found; i++) {
+		r = &f->rules[i];
+		if (!vgpu_rule_selects(r, node, nr))
+			continue;
+		if (node == VGPU_NODE_UVM) {
+			if (r->size > size)
+				continue;	/* filter changed under us */
+			len = r->size;
+		} else {
+			if (r->size && r->size != size)
+				continue;
+			len = size;
+		}
+		if (r->match_off == VGPU_OFF_NONE) {
+			found = true;
+		} else if (vgpu_off_ok(r->match_off, sizeof(u32), len) && len) {
+			key = get_unaligned((const u32 *)(params + r->match_off));
+			n = min_t(u32, r->n_match, VGPU_RULE_MATCH_MAX);
+			for (j = 0; j < n; j++) {
+				if (r->match[j] == key) {
+					found = true;
+					break;
+				}
+			}
+		}
+		if (found) {
+			*out = *r;
+			*eff = len;
+		}
+	}
+out:
+	rcu_read_unlock();
+	return found;
+}
+
+/* Module exit: no reader is left. */
+void vgpu_filter_exit(void)
+{
+	struct vgpu_filter *f;
+
+	f = rcu_replace_pointer(vgpu_filter, NULL, true);
+	kfree(f);
+}

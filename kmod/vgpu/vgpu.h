@@ -1,0 +1,199 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * vgpu: emulated NVIDIA device files that forward to a backing driver and
+ * route selected calls to the vgpud daemon. Internal declarations.
+ */
+#ifndef _VGPU_H
+#define _VGPU_H
+
+#include <linux/types.h>
+#include <linux/atomic.h>
+#include <linux/fs.h>
+#include <linux/rcupdate.h>
+#include <linux/bitmap.h>
+#include <uapi/linux/vgpu.h>
+
+struct net;
+struct sk_buff;
+
+#define VGPU_NODE_KINDS		3
+#define VGPU_MAX_GPUS		248	/* nvidia0..nvidia247, as NVIDIA */
+#define VGPU_MINOR_UVM		254
+#define VGPU_MINOR_CTL		255
+#define VGPU_MINORS		256
+
+/* NVIDIA escape numbers the module itself needs to know. */
+#define NV_ESC_RM_ALLOC_MEMORY	0x27
+#define NV_ESC_RM_MAP_MEMORY	0x4E
+#define NV_ESC_REGISTER_FD	201
+#define NV_ESC_IOCTL_XFER_CMD	211
+
+/**
+ * struct nv_ioctl_xfer - params of NV_ESC_IOCTL_XFER_CMD
+ * @cmd: the wrapped escape
+ * @size: size of its params
+ * @ptr: user pointer to its params
+ */
+struct nv_ioctl_xfer {
+	u32 cmd;
+	u32 size;
+	u64 ptr;
+};
+
+/* Module parameters (main.c). */
+extern char *vgpu_backing_dir;
+extern unsigned int vgpu_upcall_timeout_ms;
+extern bool vgpu_fail_open;
+
+/* Counters behind struct vgpu_stats; each is independent. */
+struct vgpu_counters {
+	atomic64_t contexts;
+	atomic64_t opens;
+	atomic64_t ioctls;
+	atomic64_t upcalls;
+	atomic64_t verdicts;
+	atomic64_t timeouts;
+	atomic64_t lost;
+	atomic64_t fail_open;
+	atomic64_t fail_closed;
+	atomic64_t killed;
+	atomic64_t events;
+	atomic64_t events_lost;
+	atomic64_t bad_verdicts;
+	atomic64_t mmaps;
+};
+
+extern struct vgpu_counters vgpu_counters;
+
+static inline void vgpu_count(atomic64_t *c)
+{
+	atomic64_inc(c);
+}
+
+/**
+ * struct vgpu_node_dev - one emulated device file, fixed from load to unload
+ * @kind: enum vgpu_node
+ * @index: GPU index for VGPU_NODE_GPU, else 0
+ * @backing: path of the backing driver's node
+ * @dev: our device (class device, devtmpfs node vgpu/<name>)
+ */
+struct vgpu_node_dev {
+	u32 kind;
+	u32 index;
+	char *backing;
+	struct device *dev;
+};
+
+/**
+ * struct vgpu_ctx - one open emulated file (file->private_data)
+ * @id: unique while the module lives
+ * @node: the emulated node it was opened on
+ * @backing: the backing driver's file, one reference held
+ * @cgroup_id: cgroup v2 id of the opener
+ * @pid: opener's thread id (init pid namespace)
+ * @tgid: opener's process id
+ * @uid: opener's fsuid (init user namespace)
+ * @gid: opener's fsgid
+ *
+ * Immutable after open; freed by release.
+ */
+struct vgpu_ctx {
+	u64 id;
+	const struct vgpu_node_dev *node;
+	struct file *backing;
+	u64 cgroup_id;
+	u32 pid;
+	u32 tgid;
+	u32 uid;
+	u32 gid;
+};
+
+/**
+ * struct vgpu_filter - the daemon's selection of slow-path calls; immutable
+ * @flags: VGPU_FILTER_*
+ * @n_rules: entries in @rules
+ * @nr_map: per node kind, bit (nr & 0xff) set when some rule may match
+ * @rcu: for kfree_rcu after a swap
+ * @rules: the rules, in the daemon's order (first match wins)
+ */
+struct vgpu_filter {
+	u32 flags;
+	u32 n_rules;
+	DECLARE_BITMAP(nr_map[VGPU_NODE_KINDS], 256);
+	struct rcu_head rcu;
+	struct vgpu_rule rules[];
+};
+
+/* The current filter, NULL for none. Written under vgpu_filter_mutex. */
+extern struct vgpu_filter __rcu *vgpu_filter;
+
+/* chardev.c */
+extern const struct file_operations vgpu_fops;
+int vgpu_chardev_init(void);
+void vgpu_chardev_exit(void);
+
+/* fdxlate.c */
+/**
+ * struct vgpu_fdx - one fd argument translated for the duration of a call
+ * @ours: our emulated file the caller named (referenced), NULL: none
+ * @uptr: where the fd lies in the caller's params
+ * @orig_fd: the caller's fd number, restored after the call
+ * @tmp_fd: the temporary fd of the backing file
+ */
+struct vgpu_fdx {
+	struct file *ours;
+	int __user *uptr;
+	int orig_fd;
+	int tmp_fd;
+};
+
+int vgpu_fdx_prepare(struct vgpu_fdx *x, u32 node, u32 nr, u32 size,
+		     void __user *params);
+void vgpu_fdx_finish(struct vgpu_fdx *x);
+
+/* upcall.c */
+
+/* Outcome of vgpu_upcall(). */
+enum vgpu_outcome {
+	VGPU_OUT_VERDICT,	/* the daemon answered, see the verdict */
+	VGPU_OUT_FORWARD,	/* no answer; fail-open says forward */
+};
+
+struct vgpu_upcall_msg {
+	struct vgpu_upcall hdr;
+	const void *params;
+	u32 params_len;
+	const void *data;
+	u32 data_len;
+	const char *cgroup;
+};
+
+int vgpu_upcall(struct vgpu_upcall_msg *msg, struct vgpu_verdict *v);
+int vgpu_verdict(struct net *net, u32 portid, const struct vgpu_verdict *v,
+		 const char **why);
+void vgpu_event(const struct vgpu_event *ev, const void *params, u32 plen,
+		const void *data, u32 dlen);
+int vgpu_daemon_register(struct net *net, u32 portid);
+int vgpu_daemon_unregister(struct net *net, u32 portid);
+void vgpu_daemon_gone(struct net *net, u32 portid);
+u32 vgpu_daemon_portid(void);
+void vgpu_upcall_exit(void);
+
+int vgpu_filter_set(u32 flags, const void *rules, u32 n_rules,
+		    const char **why);
+bool vgpu_filter_wants_open(void);
+bool vgpu_filter_candidates(u32 node, u32 nr, u32 *size);
+bool vgpu_filter_match(u32 node, u32 nr, u32 size, const void *params,
+		       struct vgpu_rule *out, u32 *eff);
+void vgpu_filter_exit(void);
+
+/* genl.c */
+int vgpu_genl_init(void);
+void vgpu_genl_exit(void);
+struct sk_buff *vgpu_genl_upcall_skb(const struct vgpu_upcall_msg *msg);
+struct sk_buff *vgpu_genl_event_skb(const struct vgpu_event *ev,
+				    const void *params, u32 plen,
+				    const void *data, u32 dlen);
+int vgpu_genl_send(struct net *net, u32 portid, struct sk_buff *skb);
+
+#endif /* _VGPU_H */
