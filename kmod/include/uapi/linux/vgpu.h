@@ -13,7 +13,8 @@
  * fields are zero when sent and must be zero when received.
  *
  * Changelog (VGPU_PROTO_VERSION):
- *   1: initial protocol.
+ *   1: initial protocol (OPEN/IOCTL upcalls, ALLOW/DENY/FAIL_STATUS,
+ *      POST/CLOSE events); REPLY verdicts and POST upcalls.
  *
  * The protocol is append-only: new commands, attributes and enum values are
  * added at the end; existing layouts never change.
@@ -72,11 +73,28 @@ struct vgpu_rule {
 
 /* VGPU_A_FILTER_FLAGS */
 #define VGPU_FILTER_OPEN	(1U << 0)	/* upcall every open for a verdict */
+#define VGPU_FILTER_UVM_MMAP	(1U << 1)	/* upcall every mmap of nvidia-uvm */
 
 /* enum vgpu_upcall_kind - what an upcall asks the daemon */
 enum vgpu_upcall_kind {
 	VGPU_UPCALL_OPEN = 1,	/* may this opener open the node? */
 	VGPU_UPCALL_IOCTL = 2,	/* may this call go to the driver? */
+	VGPU_UPCALL_POST = 3,	/* the driver returned: keep or replace results? */
+	VGPU_UPCALL_MMAP = 4,	/* may this mapping be made? */
+};
+
+/**
+ * struct vgpu_mmap_params - params block of an MMAP upcall (VGPU_A_PARAMS)
+ * @pgoff: the mapping's offset in pages
+ * @length: its length in bytes
+ * @prot: PROT_* bits asked for
+ * @flags: MAP_SHARED (1) or MAP_PRIVATE (2)
+ */
+struct vgpu_mmap_params {
+	__u64 pgoff;
+	__u64 length;
+	__u32 prot;
+	__u32 flags;
 };
 
 /* struct vgpu_upcall flags */
@@ -101,11 +119,16 @@ enum vgpu_upcall_kind {
  * @gid: opener's fsgid, at open
  * @caller_pid: calling thread (init pid namespace)
  * @caller_tgid: calling process
+ * @ret: POST: the driver's return value; else 0
  * @reserved: zero
  *
  * An IOCTL upcall carries the params block (VGPU_A_PARAMS) and, when the
- * matching rule names a pointer, the buffer it points to (VGPU_A_DATA). An
- * OPEN upcall carries the opener's cgroup v2 path (VGPU_A_CGROUP).
+ * matching rule names a pointer, the buffer it points to (VGPU_A_DATA). A
+ * POST upcall (asked for by VGPU_VERDICT_F_POST) carries the same blocks as
+ * the driver left them, and the same id as the IOCTL upcall it follows. An
+ * OPEN upcall carries the opener's cgroup v2 path (VGPU_A_CGROUP). An MMAP
+ * upcall (VGPU_FILTER_UVM_MMAP) carries struct vgpu_mmap_params; its verdict
+ * is ALLOW or DENY.
  */
 struct vgpu_upcall {
 	__u64 id;
@@ -123,7 +146,8 @@ struct vgpu_upcall {
 	__u32 gid;
 	__u32 caller_pid;
 	__u32 caller_tgid;
-	__u32 reserved[2];
+	__s32 ret;
+	__u32 reserved;
 };
 
 /* enum vgpu_verdict_action - the daemon's answer */
@@ -131,7 +155,11 @@ enum vgpu_verdict_action {
 	VGPU_VERDICT_ALLOW = 1,		/* forward to the driver */
 	VGPU_VERDICT_DENY = 2,		/* fail the call with -error */
 	VGPU_VERDICT_FAIL_STATUS = 3,	/* write status at status_off, return 0 */
+	VGPU_VERDICT_REPLY = 4,		/* write the verdict's blocks, return 0 */
 };
+
+/* struct vgpu_verdict flags */
+#define VGPU_VERDICT_F_POST	(1U << 0) /* ALLOW: upcall again after the call */
 
 /**
  * struct vgpu_verdict - the daemon's answer to one upcall (VGPU_A_VERDICT)
@@ -140,6 +168,17 @@ enum vgpu_verdict_action {
  * @error: DENY: a positive errno (1..4095); else 0
  * @status: FAIL_STATUS: the NVIDIA status written into the caller's params
  * @status_off: FAIL_STATUS: its offset; status_off + 4 <= params size
+ * @flags: VGPU_VERDICT_F_*
+ * @reserved: zero
+ *
+ * REPLY answers an IOCTL upcall without calling the driver, or replaces the
+ * results of a POST upcall: the verdict message carries VGPU_A_PARAMS and/or
+ * VGPU_A_DATA, each exactly as long as the block of that name in the upcall,
+ * which the module writes over the caller's params / the rule's buffer; the
+ * call returns 0. ALLOW with VGPU_VERDICT_F_POST forwards the call and then
+ * sends a POST upcall (instead of a POST event), whose verdict is ALLOW
+ * (keep the driver's results) or REPLY. A POST upcall that gets no verdict
+ * keeps the driver's results: the call has happened and cannot be undone.
  *
  * A verdict that does not fit its upcall is refused (-EINVAL) and changes
  * nothing; a verdict for an upcall that has completed is refused (-ENOENT).
@@ -150,6 +189,8 @@ struct vgpu_verdict {
 	__u32 error;
 	__u32 status;
 	__u32 status_off;
+	__u32 flags;
+	__u32 reserved;
 };
 
 /* enum vgpu_event_kind - notifications that need no answer */
@@ -251,7 +292,7 @@ enum vgpu_attr {
 	VGPU_A_PARAMS,		/* binary, the ioctl params block */
 	VGPU_A_DATA,		/* binary, the buffer a rule points to */
 	VGPU_A_CGROUP,		/* string, cgroup v2 path of the opener */
-	VGPU_A_VERDICT,		/* struct vgpu_verdict */
+	VGPU_A_VERDICT,		/* struct vgpu_verdict (+ PARAMS, DATA: REPLY) */
 	VGPU_A_EVENT,		/* struct vgpu_event */
 
 	__VGPU_A_MAX,
