@@ -5,8 +5,18 @@ logs ``registered with vgpu module (protocol v1)`` and sends READY=1 to
 $NOTIFY_SOCKET. SIGTERM/SIGINT start a graceful drain (STOPPING=1, empty
 filter, answer what is queued, UNREGISTER); a second signal skips the drain.
 
+With ``--config`` (or ``--policy quota``) the daemon enforces per-tenant GPU
+memory quotas (vgpud.quota.QuotaPolicy): it loads the config and the runtime
+state, takes the GPU inventory (vgpud.inventory), builds the Manager over a
+Ledger, and serves the admin API org.vgpud1 on the system bus
+($DBUS_SYSTEM_BUS_ADDRESS honoured); an unreachable bus is a warning unless
+``--require-dbus``. SIGHUP reloads the config (a bad file keeps the last good
+one). A daemon restarted while files were open learns their contexts lazily
+from upcall headers; memory they allocated before the restart is not charged.
+
 Exit status: 0 after a graceful stop, 1 after a forced one, 69 (EX_UNAVAILABLE)
-when the module is missing or refuses the registration.
+when the module is missing or refuses the registration (or the bus, with
+--require-dbus), 78 (EX_CONFIG) when the config or state file is bad.
 """
 
 from __future__ import annotations
@@ -20,22 +30,41 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from vgpud.kernel import uapi
 from vgpud.kernel.channel import ChannelError, GenlChannel, UpcallHandler
 from vgpud.kernel.codec import DecodeError, Event, Upcall
-from vgpud.kernel.uapi import ALLOW, Filter, Node, UpcallKind, Verdict, VerdictAction
+from vgpud.kernel.uapi import (
+    ALLOW,
+    VERDICT_F_POST,
+    Filter,
+    MmapParams,
+    Node,
+    UpcallKind,
+    Verdict,
+    VerdictAction,
+)
 from vgpud.nvidia.layouts import decode_call
 from vgpud.nvidia.rules import parse_filter_spec
 from vgpud.policy import Policy, Request, parse_policy
+
+if TYPE_CHECKING:
+    from dbus_fast.aio import MessageBus
+
+    from vgpud.admin.dbus import AdminService
+    from vgpud.manager import Manager
 
 __all__ = ["Counters", "Daemon", "Dispatcher", "Notifier", "main"]
 
 log = logging.getLogger("vgpud")
 
 EX_UNAVAILABLE = 69
+EX_CONFIG = 78
 DRAIN_TIMEOUT = 5.0
 
 
@@ -53,10 +82,14 @@ class Counters:
 class Dispatcher:
     """Sans-I/O core of the upcall path: typed messages in, verdicts out.
 
+    OPEN, IOCTL and MMAP upcalls go to ``policy.decide``, POST upcalls to
+    ``policy.decide_post``; MMAP params are decoded as struct vgpu_mmap_params.
+
     It never raises. Failures are counted, logged and answered with a safe
     verdict, fail-closed unless ``fail_open``:
     - the policy raises or returns a verdict that does not fit the upcall:
-      DENY(EIO) (fail-open: ALLOW);
+      DENY(EIO) (fail-open: ALLOW); for a POST upcall always ALLOW (the call
+      has happened: keep the driver's results);
     - an upcall does not decode but its id can be read: DENY(EPROTO)
       (fail-open: ALLOW); one whose id is unreadable cannot be answered, and
       the module's timeout and fail policy complete it;
@@ -74,19 +107,29 @@ class Dispatcher:
         counters = self.counters
         counters.upcalls += 1
         call = None
-        if upcall.kind is _IOCTL and upcall.node is not _UVM:
+        kind = upcall.kind
+        if (kind is _IOCTL or kind is _POST) and upcall.node is not _UVM:
             try:
                 call = decode_call(upcall.nr, upcall.params, upcall.data)
             except DecodeError as exc:
                 counters.call_errors += 1
                 log.warning("upcall %d: escape %#x params: %s", upcall.id, upcall.nr, exc)
+        elif kind is _MMAP:
+            try:
+                call = MmapParams.unpack(upcall.params)
+            except DecodeError as exc:
+                counters.call_errors += 1
+                log.warning("upcall %d: mmap params: %s", upcall.id, exc)
         try:
-            verdict = self.policy.decide(Request(upcall, call))
+            if kind is _POST:
+                verdict = self.policy.decide_post(Request(upcall, call))
+            else:
+                verdict = self.policy.decide(Request(upcall, call))
             _check(verdict, upcall)
         except Exception:
             counters.policy_errors += 1
             log.exception("policy failed on upcall %d", upcall.id)
-            verdict = self._on_policy_error
+            verdict = ALLOW if kind is _POST else self._on_policy_error
         counters.verdicts += 1
         return verdict
 
@@ -109,7 +152,14 @@ class Dispatcher:
         return self._on_malformed
 
 
-_IOCTL, _UVM = UpcallKind.IOCTL, Node.UVM
+_IOCTL, _POST, _MMAP, _UVM = UpcallKind.IOCTL, UpcallKind.POST, UpcallKind.MMAP, Node.UVM
+# The actions each upcall kind may be answered with.
+_ACTIONS = {
+    UpcallKind.OPEN: frozenset({VerdictAction.ALLOW, VerdictAction.DENY}),
+    UpcallKind.IOCTL: frozenset(VerdictAction),
+    UpcallKind.POST: frozenset({VerdictAction.ALLOW, VerdictAction.REPLY}),
+    UpcallKind.MMAP: frozenset({VerdictAction.ALLOW, VerdictAction.DENY}),
+}
 
 
 def _check(verdict: Verdict, upcall: Upcall) -> None:
@@ -118,10 +168,25 @@ def _check(verdict: Verdict, upcall: Upcall) -> None:
         return
     if type(verdict) is not Verdict:
         raise TypeError(f"policy returned {verdict!r}, not a Verdict")
-    if verdict.action is VerdictAction.FAIL_STATUS and (
-        upcall.kind is not UpcallKind.IOCTL or verdict.status_off + 4 > len(upcall.params)
+    action = verdict.action
+    if action not in _ACTIONS[upcall.kind]:
+        raise ValueError(f"{action!r} does not answer a {upcall.kind.name} upcall")
+    if verdict.flags & ~VERDICT_F_POST or (
+        verdict.flags and (action is not VerdictAction.ALLOW or upcall.kind is not _IOCTL)
     ):
+        raise ValueError(f"verdict flags {verdict.flags:#x} do not fit the upcall")
+    if action is VerdictAction.FAIL_STATUS and verdict.status_off + 4 > len(upcall.params):
         raise ValueError(f"FAIL_STATUS at {verdict.status_off} does not fit the upcall")
+    params, data = verdict.params, verdict.data
+    if action is VerdictAction.REPLY:
+        if params is None and data is None:
+            raise ValueError("REPLY without blocks")
+        if params is not None and len(params) != len(upcall.params):
+            raise ValueError(f"REPLY params of {len(params)} bytes, upcall's {len(upcall.params)}")
+        if data is not None and (upcall.data is None or len(data) != len(upcall.data)):
+            raise ValueError(f"REPLY data of {len(data)} bytes does not fit the upcall's")
+    elif params is not None or data is not None:
+        raise ValueError("blocks only go with REPLY")
 
 
 class Notifier:
@@ -161,6 +226,69 @@ def watchdog_interval(env: dict[str, str] | os._Environ[str] = os.environ) -> fl
 ChannelFactory = Callable[[UpcallHandler], Awaitable[GenlChannel]]
 
 
+class AdminUnavailable(Exception):
+    """The admin API could not start and was required."""
+
+
+class Admin:
+    """The admin side of a quota daemon: the Manager, served on D-Bus.
+
+    ``dbus``: "off" (--no-dbus), "try" (an unreachable bus is a warning) or
+    "require" (--require-dbus: the daemon does not start without it).
+    """
+
+    def __init__(self, manager: Manager, dbus: str = "try") -> None:
+        self.manager = manager
+        self.dbus = dbus
+        self.service: AdminService | None = None
+        self._bus: MessageBus | None = None
+
+    async def start(self) -> None:
+        if self.dbus == "off":
+            log.info("admin API off (--no-dbus)")
+            return
+        from dbus_fast import BusType
+        from dbus_fast.aio import MessageBus
+
+        from vgpud.admin.dbus import BUS_NAME, AdminService
+
+        bus = None
+        try:
+            bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
+            service = AdminService(self.manager, bus)
+            await service.start()
+        except Exception as exc:
+            if bus is not None:
+                bus.disconnect()
+            text = f"admin API {BUS_NAME} not available on the system bus: {exc}"
+            if self.dbus == "require":
+                raise AdminUnavailable(text) from exc
+            log.warning("%s; running without it", text)
+            return
+        self._bus, self.service = bus, service
+        log.info("admin API %s on the system bus", BUS_NAME)
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the config; a bad one keeps the last good one."""
+        from vgpud.manager import AdminError
+
+        try:
+            self.manager.reload()
+        except AdminError as exc:
+            log.error("reload failed, keeping the last good config: %s", exc)
+            return
+        log.info("reloaded %s: %d tenants", self.manager.config_path,
+                 len(self.manager.tenants))
+
+    def close(self) -> None:
+        if self.service is not None:
+            self.service.close()
+            self.service = None
+        if self._bus is not None:
+            self._bus.disconnect()
+            self._bus = None
+
+
 class Daemon:
     def __init__(
         self,
@@ -169,8 +297,10 @@ class Daemon:
         *,
         open_channel: ChannelFactory = GenlChannel.open,
         notifier: Notifier | None = None,
+        admin: Admin | None = None,
     ) -> None:
         self.dispatcher = dispatcher
+        self.admin = admin
         self.filter = filt
         self._open_channel = open_channel
         self._notifier = notifier or Notifier.from_env()
@@ -200,7 +330,15 @@ class Daemon:
         self._exit = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.handle_exit, sig)
+        if self.admin is not None:
+            loop.add_signal_handler(signal.SIGHUP, self.admin.reload)
         try:
+            if self.admin is not None:
+                try:
+                    await self.admin.start()
+                except AdminUnavailable as exc:
+                    log.error("%s", exc)
+                    return EX_UNAVAILABLE
             try:
                 self._startup = asyncio.create_task(self._start())
                 self.channel = await self._startup
@@ -217,6 +355,9 @@ class Daemon:
             await self._stop(self.channel)
             return 1 if self._force else 0
         finally:
+            if self.admin is not None:
+                self.admin.close()
+                loop.remove_signal_handler(signal.SIGHUP)
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
 
@@ -283,28 +424,102 @@ class Daemon:
         await channel.unregister()
 
 
+def cgroup_path_by_id(root: Path = Path("/sys/fs/cgroup")) -> Callable[[int], str | None]:
+    """Finds a cgroup v2 path from its id (the inode number of its directory).
+
+    For contexts opened before the daemon started (their upcalls carry the
+    cgroup id, not the path); walks the hierarchy once per unknown id.
+    """
+
+    @lru_cache(maxsize=4096)
+    def lookup(cgroup_id: int) -> str | None:
+        try:
+            if root.stat().st_ino == cgroup_id:
+                return "/"
+            for dirpath, _dirs, _files in os.walk(root):
+                if os.stat(dirpath).st_ino == cgroup_id:
+                    return "/" + os.path.relpath(dirpath, root)
+        except OSError:
+            pass
+        return None
+
+    return lookup
+
+
+class StartupError(Exception):
+    """Config, state or inventory that the daemon cannot start with (EX_CONFIG)."""
+
+
+def build_quota(config_path: Path, dbus: str, inventory=None) -> tuple[Policy, Admin]:
+    """Config, state, inventory, Manager, Ledger and QuotaPolicy; StartupError on bad files."""
+    from vgpud import inventory as inv
+    from vgpud.config import ConfigError, load_config
+    from vgpud.core.ledger import Ledger
+    from vgpud.manager import Manager
+    from vgpud.quota import QuotaPolicy
+    from vgpud.state import StateError, load_state
+
+    try:
+        config = load_config(config_path)
+        state = load_state(config.daemon.state_path)
+    except (ConfigError, StateError) as exc:
+        raise StartupError(str(exc)) from exc
+    gpus = (inventory or inv.discover)()
+    if not gpus:
+        log.warning("no GPUs in the inventory: every charged allocation will be refused")
+    ledger = Ledger()
+    manager = Manager(config_path, config, state, ledger, gpus)
+    log.info("config %s: %d tenants, %d GPUs", config_path, len(manager.tenants), len(gpus))
+    return QuotaPolicy(manager, ledger, cgroup_path=cgroup_path_by_id()), Admin(manager, dbus)
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--policy", "policy_spec", default="allow", show_default=True,
-              help="allow | deny-class:0x40[,0x3f] (a test policy).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="TOML config; enables the quota policy "
+              "[default path with --policy quota: /etc/vgpud/vgpud.toml].")
+@click.option("--policy", "policy_spec", default=None,
+              help="quota (the default with --config) | allow (the default without) | "
+              "deny-class:0x40[,0x3f] (a test policy).")
 @click.option("--filter", "filter_specs", multiple=True, metavar="SPEC",
               help="Extra rules: open | alloc:CLASSES | control:CMDS (repeatable).")
 @click.option("--on-error", type=click.Choice(["deny", "allow"]), default="deny",
               show_default=True, help="Verdict when the policy fails or an upcall is malformed.")
+@click.option("--no-dbus", is_flag=True, help="Do not serve the admin API (quota policy).")
+@click.option("--require-dbus", is_flag=True,
+              help="Exit (69) when the admin API cannot start on the system bus.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
-def main(policy_spec: str, filter_specs: tuple[str, ...], on_error: str, log_level: str) -> None:
+def main(config_path: Path | None, policy_spec: str | None, filter_specs: tuple[str, ...],
+         on_error: str, no_dbus: bool, require_dbus: bool, log_level: str) -> None:
     """The vgpud daemon: answers the vgpu kernel module's upcalls."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if no_dbus and require_dbus:
+        raise click.UsageError("--no-dbus and --require-dbus exclude each other")
+    if policy_spec is None:
+        policy_spec = "quota" if config_path is not None else "allow"
+    admin = None
     try:
-        policy = parse_policy(policy_spec)
+        if policy_spec == "quota":
+            from vgpud.config import DEFAULT_CONFIG_PATH
+
+            dbus = "off" if no_dbus else "require" if require_dbus else "try"
+            try:
+                policy, admin = build_quota(config_path or DEFAULT_CONFIG_PATH, dbus)
+            except StartupError as exc:
+                log.error("%s", exc)
+                sys.exit(EX_CONFIG)
+        else:
+            if config_path is not None:
+                raise click.UsageError(f"--config goes with --policy quota, not {policy_spec}")
+            policy = parse_policy(policy_spec)
         filt = policy.filter()
         for spec in filter_specs:
             filt = filt + parse_filter_spec(spec)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     dispatcher = Dispatcher(policy, fail_open=on_error == "allow")
-    sys.exit(asyncio.run(Daemon(dispatcher, filt).serve()))
+    sys.exit(asyncio.run(Daemon(dispatcher, filt, admin=admin).serve()))
 
 
 if __name__ == "__main__":

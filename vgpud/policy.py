@@ -1,8 +1,10 @@
 """Policies: what the daemon answers to each upcall (sans-I/O).
 
 A policy names the filter it needs (which calls the module should send up),
-decides each request, and sees the events that follow allowed calls. It never
-does I/O; the daemon hands it requests and sends its verdicts.
+decides each request (OPEN, IOCTL and MMAP upcalls), decides POST upcalls (the
+driver has returned: keep its results or REPLY with others), and sees the
+events that follow allowed calls. It never does I/O; the daemon hands it
+requests and sends its verdicts. The quota policy is vgpud.quota.QuotaPolicy.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections.abc import Iterable
 from typing import NamedTuple, Protocol
 
 from vgpud.kernel.codec import Event, Upcall
-from vgpud.kernel.uapi import ALLOW, Filter, Verdict
+from vgpud.kernel.uapi import ALLOW, Filter, MmapParams, Verdict
 from vgpud.nvidia.escapes import NvStatus
 from vgpud.nvidia.layouts import Call, RmAlloc
 from vgpud.nvidia.rules import rm_alloc_classes
@@ -20,10 +22,11 @@ __all__ = ["AllowAll", "DenyClasses", "Policy", "Request", "parse_policy"]
 
 
 class Request(NamedTuple):
-    """An upcall and, for RM escapes on the ctl/GPU nodes, its NVIDIA-level decode."""
+    """An upcall and its decode: for IOCTL and POST upcalls of RM escapes on the
+    ctl/GPU nodes the NVIDIA-level call, for MMAP upcalls struct vgpu_mmap_params."""
 
     upcall: Upcall
-    call: Call | None  # None: not an RM escape we decode, or its params did not decode
+    call: Call | MmapParams | None  # None: nothing we decode, or params that did not
 
 
 class Policy(Protocol):
@@ -31,7 +34,13 @@ class Policy(Protocol):
         """The rules and flags this policy needs installed in the module."""
         ...
 
-    def decide(self, request: Request) -> Verdict: ...
+    def decide(self, request: Request) -> Verdict:
+        """OPEN, IOCTL and MMAP upcalls."""
+        ...
+
+    def decide_post(self, request: Request) -> Verdict:
+        """POST upcalls (after an ALLOW with VERDICT_F_POST): ALLOW or REPLY."""
+        ...
 
     def on_event(self, event: Event) -> None: ...
 
@@ -43,6 +52,9 @@ class AllowAll:
         return Filter()
 
     def decide(self, request: Request) -> Verdict:
+        return ALLOW
+
+    def decide_post(self, request: Request) -> Verdict:
         return ALLOW
 
     def on_event(self, event: Event) -> None:
@@ -74,12 +86,16 @@ class DenyClasses:
             return verdict
         return ALLOW
 
+    def decide_post(self, request: Request) -> Verdict:
+        return ALLOW
+
     def on_event(self, event: Event) -> None:
         pass
 
 
 def parse_policy(spec: str) -> Policy:
-    """``allow`` or ``deny-class:0x40[,0x3f…]`` (the --policy option)."""
+    """``allow`` or ``deny-class:0x40[,0x3f…]`` (the --policy option; ``quota``
+    needs the config and is built by the daemon)."""
     name, _, args = spec.partition(":")
     if name == "allow" and not args:
         return AllowAll()

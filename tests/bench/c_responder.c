@@ -8,7 +8,7 @@
  *
  *   gcc -O2 -Wall -I kmod/include/uapi -o c_responder tests/bench/c_responder.c
  *
- *   c_responder [-f RULE]... [-O] [-a ACTION] [-D USEC] [-c COUNT]
+ *   c_responder [-f RULE]... [-O] [-M] [-a ACTION] [-D USEC] [-c COUNT]
  *               [-V VERSION] [-F] [-S] [-v]
  *
  *   -f RULE    add a filter rule NODES:NR:SIZE:MATCH_OFF:PTR_OFF:LEN_OFF:KEYS
@@ -16,9 +16,15 @@
  *              offsets: a number or '-' for none; KEYS: comma separated.
  *              Example, "class 0x40 allocs": -f ctl:0x2b:0:12:-:-:0x40
  *   -O         upcall every open (VGPU_FILTER_OPEN)
+ *   -M         upcall every mmap of nvidia-uvm (VGPU_FILTER_UVM_MMAP)
  *   -F         install the filter and exit without registering
  *   -a ACTION  allow (default), deny=ERRNO, status=STATUS@OFFSET, ignore
- *              (never answer)
+ *              (never answer), post (ALLOW with VGPU_VERDICT_F_POST, and
+ *              ALLOW to the POST upcalls that follow), post-ignore (the
+ *              same, never answering the POST upcalls)
+ *              A POST upcall is always answered ALLOW (post-ignore: not
+ *              at all); OPEN and MMAP upcalls get ALLOW for status= and
+ *              post.
  *   -D USEC    wait before answering
  *   -c COUNT   exit after answering COUNT upcalls
  *   -V VERSION register with this protocol version (default: the header's)
@@ -285,10 +291,11 @@ int main(int argc, char **argv)
 	uint32_t version = VGPU_PROTO_VERSION, filter_flags = 0;
 	long delay_us = 0, count = -1, answered = 0;
 	int filter_only = 0, stats = 0, ignore = 0, have_filter = 0;
+	int ignore_post = 0;
 	int opt, err, rcvbuf = 4 << 20;
 	struct sockaddr_nl sa = { .nl_family = AF_NETLINK };
 
-	while ((opt = getopt(argc, argv, "f:Oa:D:c:V:FSv")) != -1) {
+	while ((opt = getopt(argc, argv, "f:OMa:D:c:V:FSv")) != -1) {
 		switch (opt) {
 		case 'f':
 			parse_rule(optarg);
@@ -296,6 +303,10 @@ int main(int argc, char **argv)
 			break;
 		case 'O':
 			filter_flags |= VGPU_FILTER_OPEN;
+			have_filter = 1;
+			break;
+		case 'M':
+			filter_flags |= VGPU_FILTER_UVM_MMAP;
 			have_filter = 1;
 			break;
 		case 'a':
@@ -312,6 +323,11 @@ int main(int argc, char **argv)
 				answer.status_off = at ? strtoul(at + 1, NULL, 0) : 0;
 			} else if (!strcmp(optarg, "ignore")) {
 				ignore = 1;
+			} else if (!strcmp(optarg, "post") ||
+				   !strcmp(optarg, "post-ignore")) {
+				answer.action = VGPU_VERDICT_ALLOW;
+				answer.flags = VGPU_VERDICT_F_POST;
+				ignore_post = !strcmp(optarg, "post-ignore");
 			} else {
 				fprintf(stderr, "c_responder: bad action %s\n", optarg);
 				return 2;
@@ -434,22 +450,25 @@ int main(int argc, char **argv)
 
 				nl_attr(nlh, VGPU_A_PARAMS, &plen);
 				nl_attr(nlh, VGPU_A_DATA, &dlen);
-				printf("upcall id=%llu kind=%u ctx=%llu node=%u minor=%u nr=0x%x flags=0x%x plen=%d dlen=%d pid=%u uid=%u cgroup_id=%llu cgroup=%s\n",
+				printf("upcall id=%llu kind=%u ctx=%llu node=%u minor=%u nr=0x%x flags=0x%x ret=%d plen=%d dlen=%d pid=%u uid=%u cgroup_id=%llu cgroup=%s\n",
 				       (unsigned long long)up.id, up.kind,
 				       (unsigned long long)up.ctx_id, up.node,
-				       up.minor, up.nr, up.flags, plen, dlen,
-				       up.pid, up.uid,
+				       up.minor, up.nr, up.flags, up.ret, plen,
+				       dlen, up.pid, up.uid,
 				       (unsigned long long)up.cgroup_id,
 				       cg ? cg : "-");
 			}
-			if (ignore)
+			if (ignore || (ignore_post &&
+				       up.kind == VGPU_UPCALL_POST))
 				continue;
 			if (delay_us)
 				usleep(delay_us);
 			v = answer;
 			v.id = up.id;
-			if (up.kind == VGPU_UPCALL_OPEN &&
-			    v.action == VGPU_VERDICT_FAIL_STATUS)
+			/* Answers that only fit an IOCTL upcall. */
+			if (up.kind != VGPU_UPCALL_IOCTL &&
+			    (v.action == VGPU_VERDICT_FAIL_STATUS || v.flags ||
+			     up.kind == VGPU_UPCALL_POST))
 				v = (struct vgpu_verdict){ .id = up.id,
 					.action = VGPU_VERDICT_ALLOW };
 			err = nl_send(family, 0, VGPU_CMD_VERDICT,

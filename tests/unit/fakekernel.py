@@ -36,23 +36,25 @@ def genl(cmd: int, *attrs: bytes, family: int = FAMILY, seq: int = 0) -> bytes:
 def upcall_struct(**kw: int) -> bytes:
     fields = dict(id=1, ctx_id=7, cgroup_id=0x100, kind=uapi.UpcallKind.IOCTL,
                   node=uapi.Node.CTL, minor=0, cmd=0, nr=0, flags=0, pid=100, tgid=100,
-                  uid=1000, gid=1000, caller_pid=101, caller_tgid=100)
+                  uid=1000, gid=1000, caller_pid=101, caller_tgid=100, ret=0, reserved=0)
     fields.update(kw)
-    reserved = kw.get("reserved", (0, 0))
-    values = [fields[name] for name in uapi.UPCALL.offsets if name != "reserved"]
-    return uapi.UPCALL.struct.pack(*values, *reserved)
+    return uapi.UPCALL.struct.pack(*(fields[name] for name in uapi.UPCALL.offsets))
 
 
 def upcall_msg(params: bytes = b"", data: bytes | None = None, cgroup: str | None = None,
                **kw: int) -> bytes:
     attrs = [attr(Attr.UPCALL, upcall_struct(**kw))]
-    if kw.get("kind", uapi.UpcallKind.IOCTL) == uapi.UpcallKind.IOCTL:
+    if kw.get("kind", uapi.UpcallKind.IOCTL) != uapi.UpcallKind.OPEN:
         attrs.append(attr(Attr.PARAMS, params))
     if data is not None:
         attrs.append(attr(Attr.DATA, data))
     if cgroup is not None:
         attrs.append(attr(Attr.CGROUP, cgroup.encode() + b"\0"))
     return genl(Cmd.UPCALL, *attrs)
+
+
+def mmap_params(length: int, pgoff: int = 0, prot: int = 3, flags: int = 1) -> bytes:
+    return uapi.MMAP_PARAMS.struct.pack(pgoff, length, prot, flags)
 
 
 def post_event_msg(ctx_id: int, upcall_id: int, nr: int, ret: int, params: bytes,
@@ -118,7 +120,8 @@ class FakeKernel:
     stats: Stats = field(default_factory=make_stats)
     requests: list[int] = field(default_factory=list)
     filters: list[Filter] = field(default_factory=list)
-    verdicts: asyncio.Queue = field(default_factory=asyncio.Queue)
+    verdicts: asyncio.Queue = field(default_factory=asyncio.Queue)  # struct vgpu_verdict tuples
+    blocks: dict[int, tuple[bytes | None, bytes | None]] = field(default_factory=dict)  # REPLY
     late: bool = False  # answer every verdict with -ENOENT
 
     def start(self) -> None:
@@ -139,7 +142,10 @@ class FakeKernel:
             return
         seq, _flags, cmd, attrs = parse_request(buf)
         if cmd == Cmd.VERDICT:
-            self.verdicts.put_nowait(uapi.VERDICT.struct.unpack(attrs[Attr.VERDICT]))
+            verdict = uapi.VERDICT.struct.unpack(attrs[Attr.VERDICT])
+            if Attr.PARAMS in attrs or Attr.DATA in attrs:
+                self.blocks[verdict[0]] = (attrs.get(Attr.PARAMS), attrs.get(Attr.DATA))
+            self.verdicts.put_nowait(verdict)
             if self.late:
                 self.send(ack_msg(buf, 2))
             return

@@ -101,10 +101,10 @@ def test_upcalls_get_verdicts_and_events_reach_the_handler() -> None:
         handler = Recorder()
         channel, kernel = await pair(handler)
         kernel.send(upcall_msg(ALLOC21, id=11, nr=0x2B))
-        assert await kernel.verdicts.get() == (11, VerdictAction.FAIL_STATUS, 0, 0x51, 28)
+        assert await kernel.verdicts.get() == (11, VerdictAction.FAIL_STATUS, 0, 0x51, 28, 0, 0)
         kernel.send(post_event_msg(7, 11, 0x2B, 0, ALLOC21) + close_event_msg(7))
         kernel.send(upcall_msg(b"\0" * 16, id=12, nr=0x29))
-        assert await kernel.verdicts.get() == (12, VerdictAction.ALLOW, 0, 0, 0)
+        assert await kernel.verdicts.get() == (12, VerdictAction.ALLOW, 0, 0, 0, 0, 0)
         assert [type(e).__name__ for e in handler.events] == ["PostEvent", "CloseEvent"]
         assert channel.stats.verdicts_sent == 2
         channel.close()
@@ -119,7 +119,7 @@ def test_malformed_upcall_is_answered_when_its_id_is_readable() -> None:
         channel, kernel = await pair(handler)
         kernel.send(genl(Cmd.UPCALL, b"\x02\0"))  # unreadable: no answer
         kernel.send(upcall_msg(ALLOC21, id=13, kind=7))
-        assert await kernel.verdicts.get() == (13, VerdictAction.DENY, errno.EPROTO, 0, 0)
+        assert await kernel.verdicts.get() == (13, VerdictAction.DENY, errno.EPROTO, 0, 0, 0, 0)
         assert (handler.counters.malformed, handler.counters.unanswered) == (2, 1)
         channel.close()
         kernel.stop()

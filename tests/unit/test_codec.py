@@ -106,13 +106,54 @@ def test_stats_reply() -> None:
 def test_verdict_encoding_is_what_the_kernel_parses() -> None:
     enc = codec.VerdictEncoder(FAMILY)
     buf = enc.encode(2**64 - 1, Verdict.fail_status(0x51, 28))
-    assert len(buf) == 48
+    assert len(buf) == 56
     seq, flags, cmd, attrs = parse_request(buf)
     assert (seq, flags, cmd) == (0, codec.NLM_F_REQUEST, Cmd.VERDICT)
     assert uapi.VERDICT.struct.unpack(attrs[Attr.VERDICT]) == (
-        2**64 - 1, VerdictAction.FAIL_STATUS, 0, 0x51, 28)
+        2**64 - 1, VerdictAction.FAIL_STATUS, 0, 0x51, 28, 0, 0)
     _, _, _, attrs = parse_request(enc.encode(1, Verdict.deny(errno.EPERM)))
-    assert uapi.VERDICT.struct.unpack(attrs[Attr.VERDICT]) == (1, 2, errno.EPERM, 0, 0)
+    assert uapi.VERDICT.struct.unpack(attrs[Attr.VERDICT]) == (1, 2, errno.EPERM, 0, 0, 0, 0)
+    _, _, _, attrs = parse_request(enc.encode(3, uapi.ALLOW_POST))
+    assert uapi.VERDICT.struct.unpack(attrs[Attr.VERDICT]) == (
+        3, VerdictAction.ALLOW, 0, 0, 0, uapi.VERDICT_F_POST, 0)
+
+
+@pytest.mark.parametrize(("params", "data"), [(b"p" * 32, None), (None, b"d" * 1027),
+                                              (b"p" * 5, b"d" * 8)])
+def test_reply_verdict_carries_its_blocks(params, data) -> None:
+    buf = codec.VerdictEncoder(FAMILY).encode(9, Verdict.reply(params, data))
+    _seq, _flags, cmd, attrs = parse_request(buf)  # checks nlmsg_len against the buffer
+    assert cmd == Cmd.VERDICT
+    assert uapi.VERDICT.struct.unpack(attrs[Attr.VERDICT]) == (
+        9, VerdictAction.REPLY, 0, 0, 0, 0, 0)
+    assert (attrs.get(Attr.PARAMS), attrs.get(Attr.DATA)) == (params, data)
+    assert len(buf) % 4 == 0
+
+
+def test_reply_needs_a_block() -> None:
+    with pytest.raises(ValueError):
+        Verdict.reply()
+    with pytest.raises(ValueError):
+        Verdict.reply(b"x" * (uapi.PARAMS_MAX + 1))
+
+
+@pytest.mark.parametrize("kind", [UpcallKind.POST, UpcallKind.MMAP])
+def test_post_and_mmap_upcalls(kind) -> None:
+    data = b"after" if kind is UpcallKind.POST else None
+    msg = decode_one(upcall_msg(b"\1" * 24, data, kind=kind, id=4, ret=-22))
+    assert (msg.kind, msg.id, msg.ret, msg.params, msg.data) == (kind, 4, -22, b"\1" * 24, data)
+
+
+def test_mmap_upcall_with_data_is_malformed() -> None:
+    err = decode_one(upcall_msg(b"\0" * 24, b"x", kind=UpcallKind.MMAP, id=5))
+    assert isinstance(err, DecodeError) and err.upcall_id == 5
+
+
+def test_mmap_params() -> None:
+    assert uapi.MmapParams.unpack(uapi.MMAP_PARAMS.struct.pack(1, 2 << 20, 3, 1)) == (
+        1, 2 << 20, 3, 1)
+    with pytest.raises(DecodeError):
+        uapi.MmapParams.unpack(b"\0" * 16)
 
 
 def test_requests() -> None:
@@ -150,7 +191,7 @@ def test_requests() -> None:
                      id="unknown-kind"),
         pytest.param(genl(Cmd.UPCALL, attr(Attr.UPCALL, upcall_struct(id=6, node=3))), 6,
                      id="unknown-node"),
-        pytest.param(genl(Cmd.UPCALL, attr(Attr.UPCALL, upcall_struct(id=6, reserved=(0, 1))),
+        pytest.param(genl(Cmd.UPCALL, attr(Attr.UPCALL, upcall_struct(id=6, reserved=1)),
                           attr(Attr.PARAMS, b"")), 6, id="reserved-nonzero"),
         pytest.param(genl(Cmd.UPCALL, UPCALL_ATTR + struct.pack("=HH", 40, Attr.PARAMS)), 5,
                      id="attr-overruns-message"),
@@ -240,7 +281,8 @@ def test_cgroup_round_trip(path: str) -> None:
 def test_verdict_round_trip(id_, action, error, status, off) -> None:
     _, _, _, attrs = parse_request(
         codec.VerdictEncoder(FAMILY).encode(id_, Verdict(action, error, status, off)))
-    assert uapi.VERDICT.struct.unpack(attrs[Attr.VERDICT]) == (id_, action, error, status, off)
+    assert uapi.VERDICT.struct.unpack(attrs[Attr.VERDICT]) == (
+        id_, action, error, status, off, 0, 0)
 
 
 @given(st.binary(max_size=400))

@@ -72,7 +72,8 @@ def test_ready_serve_and_graceful_stop(tmp_path: Path, caplog: pytest.LogCapture
         assert "registered with vgpu module (protocol v1)" in caplog.messages
         assert world.kernel.filters == [DenyClasses({0x40}).filter()]
         world.kernel.send(upcall_msg(ALLOC21, id=5, nr=0x2B))
-        assert await world.kernel.verdicts.get() == (5, VerdictAction.FAIL_STATUS, 0, 0x51, 28)
+        assert await world.kernel.verdicts.get() == (
+            5, VerdictAction.FAIL_STATUS, 0, 0x51, 28, 0, 0)
         os.kill(os.getpid(), signal.SIGTERM)
         assert await world.notification() == "STOPPING=1"
         assert await serving == 0

@@ -21,6 +21,8 @@ SIZES = {
     "NVOS55_PARAMETERS": 28,
     "NV_MEMORY_ALLOCATION_PARAMS": 128,
     "NV0080_ALLOC_PARAMETERS": 56,
+    "NV2080_CTRL_FB_GET_INFO_PARAMS": 16,
+    "NV2080_CTRL_FB_GET_INFO_V2_PARAMS": 1028,
 }
 
 OFFSETS = {
@@ -49,6 +51,8 @@ OFFSETS = {
     "NV0080_ALLOC_PARAMETERS": dict(deviceId=0, hClientShare=4, hTargetClient=8,
                                     hTargetDevice=12, flags=16, vaSpaceSize=24,
                                     vaStartInternal=32, vaLimitInternal=40, vaMode=48),
+    "NV2080_CTRL_FB_GET_INFO_PARAMS": dict(fbInfoListSize=0, fbInfoList=8),
+    "NV2080_CTRL_FB_GET_INFO_V2_PARAMS": dict(fbInfoListSize=0, fbInfoList=4),
 }
 
 # C mirrors, written from nvos.h (open-gpu-kernel-modules). NVOS32's union is
@@ -102,6 +106,10 @@ typedef struct { NvU32 owner, type, flags, width, height; NvS32 pitch; NvU32 att
 typedef struct { NvU32 deviceId; NvHandle hClientShare, hTargetClient, hTargetDevice;
   NvV32 flags; NvU64 vaSpaceSize, vaStartInternal, vaLimitInternal; NvV32 vaMode;
 } NV0080_ALLOC_PARAMETERS;
+typedef struct { NvU32 index, data; } NV2080_CTRL_FB_INFO;
+typedef struct { NvU32 fbInfoListSize; NvP64 fbInfoList; } NV2080_CTRL_FB_GET_INFO_PARAMS;
+typedef struct { NvU32 fbInfoListSize; NV2080_CTRL_FB_INFO fbInfoList[128];
+} NV2080_CTRL_FB_GET_INFO_V2_PARAMS;
 _Static_assert(sizeof(NVOS32_REAL) == sizeof(NVOS32_PARAMETERS), "NVOS32 flattening");
 _Static_assert(offsetof(NVOS32_REAL, data) == 40, "NVOS32 union offset");
 _Static_assert(sizeof(nv_ioctl_nvos33_parameters_with_fd_c)

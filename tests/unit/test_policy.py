@@ -8,7 +8,7 @@ import pytest
 from fakekernel import FAMILY, genl, upcall_msg
 
 from vgpud.daemon import Dispatcher
-from vgpud.kernel import codec
+from vgpud.kernel import codec, uapi
 from vgpud.kernel.uapi import ALLOW, Cmd, Filter, Node, UpcallKind, Verdict, VerdictAction
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Escape, NvStatus
@@ -112,3 +112,65 @@ def test_undecodable_rm_params_reach_the_policy_as_no_call() -> None:
 
 def test_replies_to_other_commands_decode() -> None:
     assert codec.decode_datagram(genl(Cmd.UNREGISTER), FAMILY)[0].cmd == Cmd.UNREGISTER
+
+
+class Replying(AllowAll):
+    def __init__(self, verdict: Verdict) -> None:
+        self.verdict = verdict
+        self.posts = 0
+
+    def decide(self, request: Request) -> Verdict:
+        return self.verdict
+
+    def decide_post(self, request: Request) -> Verdict:
+        self.posts += 1
+        return self.verdict
+
+
+CTRL = L.NVOS54.struct.pack(1, 2, 0x20801303, 0, 0x1000, 8, 0)
+
+
+@pytest.mark.parametrize(("kind", "verdict", "ok"), [
+    (UpcallKind.IOCTL, Verdict.reply(b"\0" * 32), True),
+    (UpcallKind.IOCTL, Verdict.reply(data=b"\0" * 8), True),
+    (UpcallKind.POST, Verdict.reply(b"\0" * 32, b"\0" * 8), True),
+    (UpcallKind.POST, Verdict.reply(b"\0" * 31), False),
+    (UpcallKind.POST, Verdict.reply(data=b"\0" * 9), False),
+    (UpcallKind.POST, Verdict.deny(errno.EPERM), False),
+    (UpcallKind.POST, Verdict.fail_status(0x51, 28), False),
+    (UpcallKind.IOCTL, Verdict(VerdictAction.ALLOW, flags=1), True),
+    (UpcallKind.IOCTL, Verdict(VerdictAction.ALLOW, flags=2), False),
+    (UpcallKind.POST, Verdict(VerdictAction.ALLOW, flags=1), False),
+    (UpcallKind.IOCTL, Verdict(VerdictAction.DENY, 1, flags=1), False),
+    (UpcallKind.IOCTL, Verdict(VerdictAction.ALLOW, data=b"\0" * 8), False),
+    (UpcallKind.MMAP, Verdict.reply(b"\0" * 32), False),
+    (UpcallKind.MMAP, Verdict.deny(errno.ENOMEM), True),
+])
+def test_verdicts_are_checked_against_the_upcall(kind, verdict, ok) -> None:
+    policy = Replying(verdict)
+    d = Dispatcher(policy)
+    data = None if kind is UpcallKind.MMAP else b"\1" * 8
+    u = upcall(CTRL, nr=0x2A, data=data, kind=kind)
+    got = d.on_upcall(u)
+    if ok:
+        assert got == verdict
+    elif kind is UpcallKind.POST:
+        assert got == ALLOW  # the call has happened: keep the driver's results
+    else:
+        assert got == Verdict.deny(errno.EIO)
+    assert policy.posts == (kind is UpcallKind.POST)
+
+
+def test_mmap_params_reach_the_policy_decoded() -> None:
+    seen = []
+
+    class Spy(AllowAll):
+        def decide(self, request: Request) -> Verdict:
+            seen.append(request.call)
+            return ALLOW
+
+    d = Dispatcher(Spy())
+    d.on_upcall(upcall(uapi.MMAP_PARAMS.struct.pack(0, 4096, 3, 1), kind=UpcallKind.MMAP,
+                       node=Node.UVM))
+    d.on_upcall(upcall(b"\0" * 8, kind=UpcallKind.MMAP, node=Node.UVM))
+    assert seen == [uapi.MmapParams(0, 4096, 3, 1), None] and d.counters.call_errors == 1

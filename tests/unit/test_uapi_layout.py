@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 UAPI_DIR = ROOT / "kmod/include/uapi"
 
 # Pinned on this side too, so that a change on both sides still shows up.
-SIZES = {"vgpu_rule": 160, "vgpu_upcall": 80, "vgpu_verdict": 24, "vgpu_event": 32,
-         "vgpu_stats": 120}
+SIZES = {"vgpu_rule": 160, "vgpu_upcall": 80, "vgpu_verdict": 32, "vgpu_event": 32,
+         "vgpu_stats": 120, "vgpu_mmap_params": 24}
 
 
 def c_layouts(tmp_path: Path, header: str, layouts, prelude: str = "") -> dict[str, int]:

@@ -75,7 +75,13 @@ class Opener(NamedTuple):
 
 
 class Upcall(NamedTuple):
-    """VGPU_CMD_UPCALL: a call waiting for a verdict."""
+    """VGPU_CMD_UPCALL: a call waiting for a verdict.
+
+    OPEN (may this opener open?), IOCTL (may this call go to the driver?),
+    POST (the driver returned: keep its results or REPLY with others; same id
+    as the IOCTL upcall it follows, params/data as the driver left them) and
+    MMAP (may this nvidia-uvm mapping be made? params: struct vgpu_mmap_params).
+    """
 
     id: int
     ctx_id: int
@@ -90,6 +96,7 @@ class Upcall(NamedTuple):
     caller_tgid: int
     params: bytes  # the ioctl params block (empty for OPEN, or when the module sent none)
     data: bytes | None  # the buffer the matching rule points to, when copied
+    ret: int  # POST: the driver's return value; else 0
 
 
 class PostEvent(NamedTuple):
@@ -154,6 +161,8 @@ _ANY_ATTR = frozenset(range(1, uapi.ATTR_MAX + 1))
 _UPCALL_ATTRS = {
     UpcallKind.OPEN: frozenset({Attr.UPCALL, Attr.CGROUP}),
     UpcallKind.IOCTL: frozenset({Attr.UPCALL, Attr.PARAMS, Attr.DATA}),
+    UpcallKind.POST: frozenset({Attr.UPCALL, Attr.PARAMS, Attr.DATA}),
+    UpcallKind.MMAP: frozenset({Attr.UPCALL, Attr.PARAMS}),
 }
 _A_UPCALL, _A_PARAMS, _A_DATA, _A_CGROUP = (
     int(a) for a in (Attr.UPCALL, Attr.PARAMS, Attr.DATA, Attr.CGROUP))
@@ -204,7 +213,7 @@ def _decode_upcall(buf: bytes, off: int, end: int) -> Upcall:
         if len(head) != _UPCALL_SIZE:
             raise DecodeError(f"VGPU_A_UPCALL is {len(head)} bytes, expected {_UPCALL_SIZE}")
         (uid_, ctx_id, cgroup_id, kind, node, minor, cmd, nr, flags, pid, tgid, uid, gid,
-         caller_pid, caller_tgid, res0, res1) = _UPCALL_UNPACK(head)
+         caller_pid, caller_tgid, ret, reserved) = _UPCALL_UNPACK(head)
     except DecodeError as exc:
         exc.upcall_id = _salvage_id(buf, off, end)
         raise
@@ -214,7 +223,7 @@ def _decode_upcall(buf: bytes, off: int, end: int) -> Upcall:
     problem = None
     if kind_e is None or node_e is None:
         problem = f"unknown upcall kind {kind} or node {node}"
-    elif res0 or res1:
+    elif reserved:
         problem = "nonzero reserved field in upcall"
     elif not attrs.keys() <= _UPCALL_ATTRS[kind]:
         problem = f"unexpected attributes {sorted(attrs.keys() - _UPCALL_ATTRS[kind])}"
@@ -224,7 +233,7 @@ def _decode_upcall(buf: bytes, off: int, end: int) -> Upcall:
     opener = _new(Opener, (pid, tgid, uid, gid, cgroup_id,
                            None if cgroup is None else _cgroup(cgroup)))
     return _new(Upcall, (uid_, ctx_id, kind_e, node_e, minor, cmd, nr, flags, opener,
-                         caller_pid, caller_tgid, params or b"", attrs.get(_A_DATA)))
+                         caller_pid, caller_tgid, params or b"", attrs.get(_A_DATA), ret))
 
 
 def _salvage_id(buf: bytes, off: int, end: int) -> int | None:
@@ -374,7 +383,8 @@ class VerdictEncoder:
     """Builds VERDICT messages: nlmsghdr + genlmsghdr + nlattr + struct in one pack.
 
     Sent with NLM_F_REQUEST only and seq 0: the hot path asks for no ACK; the
-    kernel still reports a refused verdict as an NLMSG_ERROR echoing it.
+    kernel still reports a refused verdict as an NLMSG_ERROR echoing it. A
+    REPLY appends its VGPU_A_PARAMS / VGPU_A_DATA attributes after the struct.
     """
 
     __slots__ = ("_family_id", "_pack")
@@ -386,12 +396,23 @@ class VerdictEncoder:
         self._pack = self._STRUCT.pack
 
     def encode(self, upcall_id: int, verdict: Verdict) -> bytes:
-        action, error, status, status_off = verdict
+        action, error, status, status_off, flags, params, data = verdict
+        if params is None and data is None:
+            return self._pack(
+                _VERDICT_MSG_LEN, self._family_id, NLM_F_REQUEST, 0, 0,
+                _CMD_VERDICT, _GENL_VERSION, 0, _VERDICT_ATTR_LEN, _A_VERDICT,
+                upcall_id, action, error, status, status_off, flags, 0,
+            )
+        blocks = b""
+        if params is not None:
+            blocks += _attr(_A_PARAMS, params)
+        if data is not None:
+            blocks += _attr(_A_DATA, data)
         return self._pack(
-            _VERDICT_MSG_LEN, self._family_id, NLM_F_REQUEST, 0, 0,
+            _VERDICT_MSG_LEN + len(blocks), self._family_id, NLM_F_REQUEST, 0, 0,
             _CMD_VERDICT, _GENL_VERSION, 0, _VERDICT_ATTR_LEN, _A_VERDICT,
-            upcall_id, action, error, status, status_off,
-        )
+            upcall_id, action, error, status, status_off, flags, 0,
+        ) + blocks
 
 
 _VERDICT_MSG_LEN = VerdictEncoder._STRUCT.size

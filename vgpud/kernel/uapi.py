@@ -22,10 +22,13 @@ RULES_MAX = 32
 PARAMS_MAX = 16384
 
 FILTER_OPEN = 1 << 0
+FILTER_UVM_MMAP = 1 << 1
 
 UPCALL_F_XFER = 1 << 0
 UPCALL_F_DATA_FAULT = 1 << 1
 UPCALL_F_DATA_BIG = 1 << 2
+
+VERDICT_F_POST = 1 << 0
 
 ERRNO_MAX = 4095
 
@@ -39,12 +42,15 @@ class Node(IntEnum):
 class UpcallKind(IntEnum):
     OPEN = 1
     IOCTL = 2
+    POST = 3
+    MMAP = 4
 
 
 class VerdictAction(IntEnum):
     ALLOW = 1
     DENY = 2
     FAIL_STATUS = 3
+    REPLY = 4
 
 
 class EventKind(IntEnum):
@@ -112,7 +118,8 @@ UPCALL = CStruct(
     ("gid", "I"),
     ("caller_pid", "I"),
     ("caller_tgid", "I"),
-    ("reserved", "2I"),
+    ("ret", "i"),
+    ("reserved", "I"),
 )
 
 VERDICT = CStruct(
@@ -122,6 +129,16 @@ VERDICT = CStruct(
     ("error", "I"),
     ("status", "I"),
     ("status_off", "I"),
+    ("flags", "I"),
+    ("reserved", "I"),
+)
+
+MMAP_PARAMS = CStruct(
+    "vgpu_mmap_params",
+    ("pgoff", "Q"),
+    ("length", "Q"),
+    ("prot", "I"),
+    ("flags", "I"),
 )
 
 EVENT = CStruct(
@@ -145,7 +162,7 @@ STATS = CStruct(
     )),
 )
 
-LAYOUTS = (RULE, UPCALL, VERDICT, EVENT, STATS)
+LAYOUTS = (RULE, UPCALL, VERDICT, EVENT, STATS, MMAP_PARAMS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,12 +216,20 @@ class Filter:
 
 
 class Verdict(NamedTuple):
-    """struct vgpu_verdict without its id (the channel adds the upcall's)."""
+    """struct vgpu_verdict without its id (the channel adds the upcall's).
+
+    ``params`` / ``data`` are the blocks of a REPLY (VGPU_A_PARAMS /
+    VGPU_A_DATA), each exactly as long as the upcall's block of that name;
+    None leaves that block as it is.
+    """
 
     action: VerdictAction
     error: int = 0
     status: int = 0
     status_off: int = 0
+    flags: int = 0
+    params: bytes | None = None
+    data: bytes | None = None
 
     @classmethod
     def deny(cls, error: int) -> Verdict:
@@ -218,8 +243,33 @@ class Verdict(NamedTuple):
             raise ValueError(f"bad FAIL_STATUS {status:#x} at {status_off}")
         return cls(VerdictAction.FAIL_STATUS, 0, status, status_off)
 
+    @classmethod
+    def reply(cls, params: bytes | None = None, data: bytes | None = None) -> Verdict:
+        """REPLY: write these blocks over the caller's params / the rule's buffer."""
+        if params is None and data is None:
+            raise ValueError("a REPLY carries params, data or both")
+        for block in (params, data):
+            if block is not None and len(block) > PARAMS_MAX:
+                raise ValueError(f"REPLY block of {len(block)} bytes")
+        return cls(VerdictAction.REPLY, params=params, data=data)
+
 
 ALLOW = Verdict(VerdictAction.ALLOW)
+# ALLOW, then a POST upcall (not a POST event) when the driver has returned.
+ALLOW_POST = Verdict(VerdictAction.ALLOW, flags=VERDICT_F_POST)
+
+
+class MmapParams(NamedTuple):
+    """struct vgpu_mmap_params: the params block of an MMAP upcall."""
+
+    pgoff: int
+    length: int
+    prot: int
+    flags: int
+
+    @classmethod
+    def unpack(cls, buf: bytes | memoryview) -> MmapParams:
+        return cls(*MMAP_PARAMS.unpack_exact(buf))
 
 
 @dataclass(frozen=True, slots=True)

@@ -98,7 +98,24 @@ DEVICE_MEMORY_CLASSES = frozenset({NvClass.MEMORY_LOCAL_USER, NvClass.MEMORY_LOC
 
 class NvStatus(IntEnum):
     OK = 0x0
+    INVALID_ADDRESS = 0x1E
+    INVALID_ARGUMENT = 0x1F
+    INVALID_PARAM_STRUCT = 0x3A
     NO_MEMORY = 0x51
+
+
+class FbInfoIndex(IntEnum):
+    """NV2080_CTRL_FB_INFO_INDEX_* of FB_GET_INFO(_V2) entries (values in KiB)."""
+
+    RAM_SIZE = 0x07
+    TOTAL_RAM_SIZE = 0x08
+    HEAP_SIZE = 0x09
+    FB_TAX_SIZE_KB = 0x10
+    HEAP_FREE = 0x16
+    USABLE_RAM_SIZE = 0x20
+
+
+FB_INFO_MAX_LIST_SIZE = 128
 
 
 class VidHeapFunction(IntEnum):
@@ -107,6 +124,10 @@ class VidHeapFunction(IntEnum):
     ALLOC_SIZE = 2
     FREE = 3
     INFO = 5
+
+
+# NVOS32 AllocSize.flags: the allocation is a virtual range (not charged).
+NVOS32_ALLOC_FLAGS_VIRTUAL = 0x00080000
 
 
 class Ctrl(IntEnum):

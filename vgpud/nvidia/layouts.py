@@ -8,10 +8,18 @@ DecodeError on anything that does not fit.
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from vgpud.kernel.cstruct import CStruct, DecodeError
-from vgpud.nvidia.escapes import DEVICE_MEMORY_CLASSES, Escape, NvClass, VidHeapFunction
+from vgpud.nvidia.escapes import (
+    DEVICE_MEMORY_CLASSES,
+    FB_INFO_MAX_LIST_SIZE,
+    Escape,
+    NvClass,
+    VidHeapFunction,
+)
 
 __all__ = [
     "Call",
@@ -27,6 +35,7 @@ __all__ = [
     "VidHeapAllocSize",
     "VidHeapControl",
     "decode_call",
+    "rewrite_fb_info_v2",
     "status_offset",
 ]
 
@@ -94,8 +103,20 @@ NV0080_ALLOC_PARAMETERS = CStruct(
     ("vaStartInternal", "Q"), ("vaLimitInternal", "Q"), ("vaMode", "I"), (None, "4x"),
 )
 
+# NV2080_CTRL_FB_GET_INFO_PARAMS: a count and a pointer to {index, data} entries.
+NV2080_CTRL_FB_GET_INFO_PARAMS = CStruct(
+    "NV2080_CTRL_FB_GET_INFO_PARAMS",
+    ("fbInfoListSize", "I"), (None, "4x"), ("fbInfoList", "Q"),
+)
+# NV2080_CTRL_FB_GET_INFO_V2_PARAMS: the entries inline (128 of {u32 index; u32 data}).
+NV2080_CTRL_FB_GET_INFO_V2_PARAMS = CStruct(
+    "NV2080_CTRL_FB_GET_INFO_V2_PARAMS",
+    ("fbInfoListSize", "I"), ("fbInfoList", f"{2 * FB_INFO_MAX_LIST_SIZE}I"),
+)
+
 LAYOUTS = (NVOS00, NVOS21, NVOS64, NVOS54, NVOS33_WITH_FD, NVOS02_WITH_FD, NVOS32, NVOS55,
-           NV_MEMORY_ALLOCATION_PARAMS, NV0080_ALLOC_PARAMETERS)
+           NV_MEMORY_ALLOCATION_PARAMS, NV0080_ALLOC_PARAMETERS, NV2080_CTRL_FB_GET_INFO_PARAMS,
+           NV2080_CTRL_FB_GET_INFO_V2_PARAMS)
 
 # Where `status` lies in each params block, by (escape, params size).
 _STATUS_OFFSETS = {
@@ -252,6 +273,7 @@ Call = (RmFree | RmAlloc | RmControl | RmMapMemory | RmAllocMemory | VidHeapCont
         | RmDupObject)
 
 
+_U32 = struct.Struct("=I")
 _new = tuple.__new__  # builds a NamedTuple from a tuple without its Python-level __new__
 _MEM_UNPACK, _MEM_SIZE = NV_MEMORY_ALLOCATION_PARAMS.struct.unpack, NV_MEMORY_ALLOCATION_PARAMS.size
 _NVOS21_UNPACK, _NVOS21_STATUS = NVOS21.struct.unpack, NVOS21.offsets["status"]
@@ -319,3 +341,33 @@ def decode_call(nr: int, params: bytes, data: bytes | None = None) -> Call | Non
     """
     decoder = _DECODERS.get(nr)
     return None if decoder is None else decoder(params, data)
+
+
+_FB_ENTRY = struct.Struct("=II")
+_FB_V2_SIZE = NV2080_CTRL_FB_GET_INFO_V2_PARAMS.size
+
+
+def rewrite_fb_info_v2(buf: bytes, values: Mapping[int, int]) -> bytes | None:
+    """FB_GET_INFO_V2 params with the entries named in ``values`` set (index -> data).
+
+    Entries past ``fbInfoListSize`` and indexes not in ``values`` are left as
+    they are; data is clamped to u32. None when the block does not fit the
+    layout or nothing changes (then the driver's answer stands).
+    """
+    if len(buf) != _FB_V2_SIZE:
+        return None
+    (count,) = _U32.unpack_from(buf)
+    if count > FB_INFO_MAX_LIST_SIZE:
+        return None
+    out = bytearray(buf)
+    changed = False
+    for i in range(count):
+        off = 4 + 8 * i
+        index, data = _FB_ENTRY.unpack_from(buf, off)
+        new = values.get(index)
+        if new is not None:
+            new = min(max(new, 0), 0xFFFFFFFF)
+            if new != data:
+                _FB_ENTRY.pack_into(out, off, index, new)
+                changed = True
+    return bytes(out) if changed else None

@@ -12,9 +12,17 @@ from collections.abc import Iterable
 from vgpud.kernel.cstruct import CStruct
 from vgpud.kernel.uapi import FILTER_OPEN, Filter, Node, Rule
 from vgpud.nvidia.escapes import Escape
-from vgpud.nvidia.layouts import NVOS21, NVOS54, NVOS64
+from vgpud.nvidia.layouts import NVOS00, NVOS02_WITH_FD, NVOS21, NVOS32, NVOS54, NVOS55, NVOS64
 
-__all__ = ["parse_filter_spec", "rm_alloc_classes", "rm_control_cmds"]
+__all__ = [
+    "parse_filter_spec",
+    "rm_alloc_classes",
+    "rm_alloc_memory_classes",
+    "rm_control_cmds",
+    "rm_dup_object",
+    "rm_free",
+    "rm_vid_heap_functions",
+]
 
 _RM_NODES = 1 << Node.CTL
 
@@ -56,6 +64,38 @@ def rm_control_cmds(cmds: Iterable[int]) -> Rule:
         ptr_off=NVOS54.offsets["params"],
         len_off=NVOS54.offsets["paramsSize"],
         match=_keys(cmds),
+    )
+
+
+def rm_free() -> Rule:
+    """Every RM_FREE (NVOS00)."""
+    return Rule(node_mask=_RM_NODES, nr=Escape.RM_FREE, size=NVOS00.size)
+
+
+def rm_dup_object() -> Rule:
+    """Every RM_DUP_OBJECT (NVOS55)."""
+    return Rule(node_mask=_RM_NODES, nr=Escape.RM_DUP_OBJECT, size=NVOS55.size)
+
+
+def rm_alloc_memory_classes(classes: Iterable[int]) -> Rule:
+    """RM_ALLOC_MEMORY (NVOS02 + fd, on the GPU node only) of these classes."""
+    return Rule(
+        node_mask=1 << Node.GPU,
+        nr=Escape.RM_ALLOC_MEMORY,
+        size=NVOS02_WITH_FD.size,
+        match_off=NVOS02_WITH_FD.offsets["hClass"],
+        match=_keys(classes),
+    )
+
+
+def rm_vid_heap_functions(functions: Iterable[int]) -> Rule:
+    """RM_VID_HEAP_CONTROL (NVOS32) of these functions (ALLOC_SIZE, FREE...)."""
+    return Rule(
+        node_mask=_RM_NODES,
+        nr=Escape.RM_VID_HEAP_CONTROL,
+        size=NVOS32.size,
+        match_off=NVOS32.offsets["function"],
+        match=_keys(functions),
     )
 
 

@@ -1,0 +1,168 @@
+"""The quota daemon wired up: config, inventory, Manager, QuotaPolicy, D-Bus admin
+API on a private system bus, the fake kernel, SIGHUP reloads."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from dbus_fast import BusType
+from dbus_fast.aio import MessageBus
+from dbus_fixtures import system_bus_fixture  # noqa: F401
+from fakekernel import FAMILY, post_event_msg, upcall_msg
+from test_daemon import World as _World
+
+from vgpud import daemon
+from vgpud.admin.dbus import BUS_NAME
+from vgpud.daemon import Daemon, Dispatcher, Notifier, build_quota
+from vgpud.inventory import GpuInfo
+from vgpud.kernel import codec
+from vgpud.kernel.uapi import FILTER_OPEN, FILTER_UVM_MMAP, UpcallKind, VerdictAction
+from vgpud.nvidia import layouts as L
+
+GIB = 2**30
+CONFIG = """\
+[daemon]
+state_path = "{state}"
+
+[[tenant]]
+name = "a"
+memory = "1GiB"
+match = [{{ uid = 1000 }}]
+"""
+
+
+def write_config(tmp: Path, extra: str = "") -> Path:
+    path = tmp / "vgpud.toml"
+    path.write_text(CONFIG.format(state=tmp / "state.json") + extra)
+    return path
+
+
+def inventory() -> list[GpuInfo]:
+    return [GpuInfo(0, "sim", 4 * GIB)]
+
+
+def mem_alloc(size: int, status: int = 0, h_new: int = 0) -> tuple[bytes, bytes]:
+    values = [0] * 23
+    values[13] = size
+    alloc = L.NV_MEMORY_ALLOCATION_PARAMS.struct.pack(*values)
+    return L.NVOS21.struct.pack(1, 2, h_new, 0x40, 0x1000, len(alloc), status), alloc
+
+
+class World(_World):
+    def __init__(self, tmp_path: Path, dbus: str) -> None:
+        super().__init__(tmp_path)
+        self.config = write_config(tmp_path)
+        self.policy, self.admin = build_quota(self.config, dbus, inventory)
+
+    def daemon(self) -> Daemon:
+        return Daemon(Dispatcher(self.policy), self.policy.filter(),
+                      open_channel=self.open_channel, notifier=Notifier(self.notify_path),
+                      admin=self.admin)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 20))
+
+
+async def memory_used(bus: MessageBus) -> dict[int, int]:
+    path = "/org/vgpud1/tenant/a"
+    intro = await bus.introspect(BUS_NAME, path)
+    proxy = bus.get_proxy_object(BUS_NAME, path, intro)
+    props = proxy.get_interface("org.freedesktop.DBus.Properties")
+    return (await props.call_get("org.vgpud1.Tenant", "MemoryUsed")).value
+
+
+def test_quota_daemon_on_the_bus(tmp_path: Path, system_bus) -> None:
+    world = World(tmp_path, "require")
+
+    async def main():
+        serving = asyncio.create_task(world.daemon().serve())
+        assert (await world.notification()).startswith("READY=1")
+        assert world.kernel.filters[0].flags == FILTER_OPEN | FILTER_UVM_MMAP
+        k = world.kernel
+        k.send(upcall_msg(kind=UpcallKind.OPEN, id=1, ctx_id=7, uid=1000, cgroup="/"))
+        assert (await k.verdicts.get())[:2] == (1, VerdictAction.ALLOW)
+        params, alloc = mem_alloc(GIB)
+        k.send(upcall_msg(params, alloc, id=2, ctx_id=7, nr=0x2B))
+        assert (await k.verdicts.get())[:2] == (2, VerdictAction.ALLOW)
+        k.send(post_event_msg(7, 2, 0x2B, 0, mem_alloc(GIB, h_new=0x99)[0], alloc))
+        params, alloc = mem_alloc(4096)
+        k.send(upcall_msg(params, alloc, id=3, ctx_id=7, nr=0x2B))
+        assert await k.verdicts.get() == (3, VerdictAction.FAIL_STATUS, 0, 0x51, 28, 0, 0)
+        bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
+        try:
+            assert await memory_used(bus) == {0: GIB}
+        finally:
+            bus.disconnect()
+        # SIGHUP: a new tenant appears; a broken file keeps the last good config
+        write_config(tmp_path, '\n[[tenant]]\nname = "z"\n')
+        os.kill(os.getpid(), signal.SIGHUP)
+        for _ in range(100):
+            if len(world.admin.manager.tenants) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert [t.name for t in world.admin.manager.tenants] == ["a", "z"]
+        world.config.write_text("garbage = [")
+        os.kill(os.getpid(), signal.SIGHUP)
+        await asyncio.sleep(0.05)
+        assert len(world.admin.manager.tenants) == 2
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert await serving == 0
+        assert world.admin.service is None
+
+    run(main())
+    world.close()
+
+
+def test_unreachable_bus_is_a_warning_unless_required(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path}/nobus")
+    world = World(tmp_path, "try")
+
+    async def main():
+        serving = asyncio.create_task(world.daemon().serve())
+        assert (await world.notification()).startswith("READY=1")
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert await serving == 0
+
+    run(main())
+    assert any("running without it" in m for m in caplog.messages)
+    world.close()
+    (tmp_path / "2").mkdir()
+    required = World(tmp_path / "2", "require")
+    assert run(required.daemon().serve()) == daemon.EX_UNAVAILABLE
+    required.close()
+
+
+def test_bad_config_exits_78(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[tenant]]\nname = "a"\nmemory = "lots"\n')
+    result = CliRunner().invoke(daemon.main, ["--config", str(bad), "--no-dbus"])
+    assert result.exit_code == daemon.EX_CONFIG
+    missing = CliRunner().invoke(daemon.main, ["--config", str(tmp_path / "none.toml")])
+    assert missing.exit_code == daemon.EX_CONFIG
+
+
+def test_config_only_with_quota(tmp_path: Path) -> None:
+    result = CliRunner().invoke(daemon.main, ["--config", str(write_config(tmp_path)),
+                                              "--policy", "allow"])
+    assert result.exit_code == 2
+    both = CliRunner().invoke(daemon.main, ["--no-dbus", "--require-dbus"])
+    assert both.exit_code == 2
+
+
+def test_close_of_unknown_context_and_errno(tmp_path: Path) -> None:
+    # sanity: a refused open answers EACCES through the whole daemon path
+    policy, _admin = build_quota(write_config(tmp_path), "off", inventory)
+    msg = upcall_msg(kind=UpcallKind.OPEN, id=1, ctx_id=1, uid=5, cgroup="/x")
+    (upcall,) = codec.decode_datagram(msg, FAMILY)
+    verdict = Dispatcher(policy).on_upcall(upcall)
+    assert (verdict.action, verdict.error) == (VerdictAction.DENY, errno.EACCES)
+

@@ -1,0 +1,461 @@
+"""QuotaPolicy through the Dispatcher, with upcalls built as the module builds them."""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import struct
+from pathlib import Path
+
+import pytest
+from fakekernel import FAMILY, close_event_msg, mmap_params, post_event_msg, upcall_msg
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vgpud.config import parse_config
+from vgpud.core.ledger import Key, Ledger
+from vgpud.daemon import Dispatcher
+from vgpud.kernel import codec
+from vgpud.kernel.uapi import (
+    ALLOW,
+    ALLOW_POST,
+    FILTER_OPEN,
+    FILTER_UVM_MMAP,
+    UPCALL_F_DATA_BIG,
+    UPCALL_F_DATA_FAULT,
+    Node,
+    UpcallKind,
+    Verdict,
+    VerdictAction,
+)
+from vgpud.manager import Manager
+from vgpud.nvidia import layouts as L
+from vgpud.nvidia.escapes import Ctrl, Escape, NvStatus
+from vgpud.quota import QuotaPolicy
+from vgpud.state import RuntimeState
+
+GIB, MIB, KIB = 2**30, 2**20, 2**10
+GPUS = [(0, "sim", 4 * GIB), (1, "sim", 4 * GIB)]
+CONFIG = """\
+[daemon]
+state_path = "{state}"
+
+[[tenant]]
+name = "a"
+memory = "1GiB"
+match = [{{ uid = 1000 }}]
+
+[[tenant]]
+name = "b"
+memory = "2GiB"
+uvm = "deny"
+gpus = [1]
+match = [{{ cgroup = "/pods/b*" }}]
+
+[[tenant]]
+name = "c"
+uvm = "allow"
+match = [{{ uid = 3000 }}]
+"""
+OOM = NvStatus.NO_MEMORY
+
+
+class World:
+    def __init__(self, tmp: Path, default: str | None = None) -> None:
+        text = CONFIG.format(state=tmp / "state.json")
+        if default:
+            text = text.replace("[daemon]\n", f'[daemon]\ndefault_tenant = "{default}"\n')
+        (tmp / "vgpud.toml").write_text(text)
+        config = parse_config(text)
+        self.ledger = Ledger()
+        self.manager = Manager(tmp / "vgpud.toml", config, RuntimeState(), self.ledger, GPUS)
+        self.denied: list = []
+        self.manager.quota_exceeded = self.denied.append  # type: ignore[method-assign]
+        self.cgroups: dict[int, str] = {}
+        self.policy = QuotaPolicy(self.manager, self.ledger, cgroup_path=self.cgroups.get)
+        self.d = Dispatcher(self.policy)
+        self.ids = itertools.count(1)
+        self.handles = itertools.count(0x1000)
+        self.uids: dict[int, int] = {}
+
+    # -- raw messages --
+
+    def upcall(self, ctx: int, params: bytes = b"", data: bytes | None = None,
+               **kw) -> tuple[int, Verdict]:
+        uid = next(self.ids)
+        kw.setdefault("uid", self.uids.get(ctx, 1000))
+        (msg,) = codec.decode_datagram(upcall_msg(params, data, id=uid, ctx_id=ctx, **kw),
+                                       FAMILY)
+        assert isinstance(msg, codec.Upcall), msg
+        return uid, self.d.on_upcall(msg)
+
+    def post_upcall(self, ctx: int, uid: int, nr: int, params: bytes,
+                    data: bytes | None = None, ret: int = 0) -> Verdict:
+        (msg,) = codec.decode_datagram(upcall_msg(
+            params, data, id=uid, ctx_id=ctx, kind=UpcallKind.POST, nr=nr, ret=ret,
+            uid=self.uids.get(ctx, 1000)), FAMILY)
+        return self.d.on_upcall(msg)
+
+    def post(self, ctx: int, uid: int, nr: int, params: bytes, ret: int = 0) -> None:
+        (msg,) = codec.decode_datagram(post_event_msg(ctx, uid, nr, ret, params), FAMILY)
+        self.d.on_event(msg)
+
+    def open(self, ctx: int, uid: int = 1000, cgroup: str = "/") -> Verdict:
+        self.uids[ctx] = uid
+        return self.upcall(ctx, kind=UpcallKind.OPEN, cgroup=cgroup, uid=uid)[1]
+
+    def close(self, ctx: int) -> None:
+        (msg,) = codec.decode_datagram(close_event_msg(ctx), FAMILY)
+        self.d.on_event(msg)
+
+    # -- RM calls (NVOS21 unless told) --
+
+    def rm_alloc(self, ctx: int, client: int, parent: int, h_class: int,
+                 alloc: bytes | None = None, h_new: int = 0, nvos: int = 21,
+                 status: int = 0, flags: int = 0) -> tuple[Verdict, int]:
+        """RM_ALLOC upcall and, if allowed, its POST event; (verdict, new handle)."""
+        params = _alloc_params(client, parent, 0 if h_new is None else h_new, h_class, nvos,
+                               alloc)
+        uid, verdict = self.upcall(ctx, params, alloc, nr=Escape.RM_ALLOC, flags=flags)
+        handle = h_new or next(self.handles)
+        if verdict == ALLOW:
+            after = _alloc_params(client, parent, handle, h_class, nvos, alloc, status)
+            self.post(ctx, uid, Escape.RM_ALLOC, after)
+        return verdict, handle
+
+    def client(self, ctx: int) -> int:
+        return self.rm_alloc(ctx, 0, 0, 0x41)[1]
+
+    def device(self, ctx: int, client: int, gpu: int) -> tuple[int, int]:
+        dev_params = L.NV0080_ALLOC_PARAMETERS.struct.pack(gpu, 0, 0, 0, 0, 0, 0, 0, 0)
+        device = self.rm_alloc(ctx, client, client, 0x80, dev_params)[1]
+        sub = self.rm_alloc(ctx, client, device, 0x2080, struct.pack("=I", 0))[1]
+        return device, sub
+
+    def mem(self, ctx: int, client: int, parent: int, size: int, **kw) -> tuple[Verdict, int]:
+        return self.rm_alloc(ctx, client, parent, 0x40, _mem(size), **kw)
+
+    def free(self, ctx: int, client: int, handle: int, status: int = 0) -> Verdict:
+        params = L.NVOS00.struct.pack(client, client, handle, 0)
+        uid, verdict = self.upcall(ctx, params, nr=Escape.RM_FREE)
+        self.post(ctx, uid, Escape.RM_FREE, L.NVOS00.struct.pack(client, client, handle, status))
+        return verdict
+
+    def used(self, tenant: str, gpu: int = 0) -> int:
+        return self.ledger.usage(tenant, gpu).used
+
+
+def _mem(size: int) -> bytes:
+    values = [0] * 23
+    values[13] = size
+    return L.NV_MEMORY_ALLOCATION_PARAMS.struct.pack(*values)
+
+
+def _alloc_params(client, parent, h_new, h_class, nvos, alloc, status=0) -> bytes:
+    size = 0 if alloc is None else len(alloc)
+    ptr = 0 if alloc is None else 0x7F0000001000
+    if nvos == 21:
+        return L.NVOS21.struct.pack(client, parent, h_new, h_class, ptr, size, status)
+    return L.NVOS64.struct.pack(client, parent, h_new, h_class, ptr, 0, size, 0, status)
+
+
+@pytest.fixture
+def w(tmp_path: Path) -> World:
+    return World(tmp_path)
+
+
+def setup_gpu(w: World, ctx: int, gpu: int = 0, uid: int = 1000,
+              cgroup: str = "/") -> tuple[int, int, int]:
+    assert w.open(ctx, uid, cgroup) == ALLOW
+    client = w.client(ctx)
+    device, sub = w.device(ctx, client, gpu)
+    return client, device, sub
+
+
+def test_filter() -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        filt = World(Path(tmp)).policy.filter()
+    assert filt.flags == FILTER_OPEN | FILTER_UVM_MMAP
+    by_nr = {(r.nr, r.size): r for r in filt.rules}
+    assert set(by_nr[Escape.RM_ALLOC, 32].match) == {0x41, 0x80, 0x2080, 0x40, 0x3F}
+    assert set(by_nr[Escape.RM_ALLOC, 48].match) == {0x41, 0x80, 0x2080, 0x40, 0x3F}
+    assert by_nr[Escape.RM_FREE, 16].match == ()
+    assert (Escape.RM_DUP_OBJECT, 28) in by_nr
+    assert by_nr[Escape.RM_ALLOC_MEMORY, 56].node_mask == 1 << Node.GPU
+    assert by_nr[Escape.RM_VID_HEAP_CONTROL, 184].match == (2, 3)
+    assert by_nr[Escape.RM_CONTROL, 32].match == (Ctrl.FB_GET_INFO_V2,)
+
+
+def test_open_resolves_or_refuses(w: World) -> None:
+    assert w.open(1, uid=1000) == ALLOW
+    assert w.open(2, uid=5, cgroup="/pods/b-1") == ALLOW
+    assert w.open(3, uid=5, cgroup="/other") == Verdict.deny(errno.EACCES)
+    assert (w.manager.contexts("a"), w.manager.contexts("b")) == (1, 1)
+    w.close(1)
+    w.close(3)  # never opened: ignored
+    assert w.manager.contexts("a") == 0
+
+
+@pytest.mark.parametrize("nvos", [21, 64])
+def test_denial_at_the_boundary(w: World, nvos: int) -> None:
+    client, device, sub = setup_gpu(w, 1)
+    assert w.mem(1, client, device, GIB - 8 * KIB, nvos=nvos)[0] == ALLOW
+    assert w.used("a") == GIB - 8 * KIB
+    assert w.mem(1, client, sub, 4 * KIB + 1, nvos=nvos)[0] == ALLOW  # rounded to 8 KiB: fits
+    assert w.used("a") == GIB
+    off = 28 if nvos == 21 else 40
+    assert w.mem(1, client, device, 1, nvos=nvos)[0] == Verdict(
+        VerdictAction.FAIL_STATUS, 0, OOM, off)
+    (denied,) = w.denied
+    assert (denied.tenant, denied.gpu, denied.size, denied.used, denied.limit) == (
+        "a", 0, 4 * KIB, GIB, GIB)
+
+
+def test_failed_alloc_releases_and_gpu_comes_from_the_device(w: World) -> None:
+    client, device, _ = setup_gpu(w, 1, gpu=1)
+    assert w.mem(1, client, device, MIB, status=OOM)[0] == ALLOW
+    assert w.used("a", 1) == 0
+    assert w.mem(1, client, device, MIB)[0] == ALLOW
+    assert (w.used("a", 0), w.used("a", 1)) == (0, MIB)
+
+
+def test_interleaved_tenants_frees_dups_and_close(w: World) -> None:
+    ca, da, _ = setup_gpu(w, 1)
+    cb, db, _ = setup_gpu(w, 2, gpu=1, uid=5, cgroup="/pods/b-7")
+    _, m1 = w.mem(1, ca, da, 512 * MIB)
+    _, m2 = w.mem(2, cb, db, GIB)
+    _, m3 = w.mem(1, ca, da, 256 * MIB)
+    assert (w.used("a"), w.used("b", 1)) == (768 * MIB, GIB)
+    # dup m1 in the same client: one charge, two handles
+    dup = L.NVOS55.struct.pack(ca, da, 0x7777, ca, m1, 0, 0)
+    uid, verdict = w.upcall(1, dup, nr=Escape.RM_DUP_OBJECT)
+    assert verdict == ALLOW
+    w.post(1, uid, Escape.RM_DUP_OBJECT, dup)
+    assert Key(ca, 0x7777) in w.ledger and w.used("a") == 768 * MIB
+    assert w.free(1, ca, m1) == ALLOW
+    assert w.used("a") == 768 * MIB  # the dup still holds it
+    assert w.free(1, ca, 0x7777) == ALLOW
+    assert w.used("a") == 256 * MIB
+    assert w.free(1, ca, 0xDEAD) == ALLOW  # unknown: ignored
+    w.free(2, cb, m2, status=0x33)  # the driver refused: nothing changes
+    assert w.used("b", 1) == GIB
+    assert w.free(1, ca, da) == ALLOW  # the device: its memory goes with it
+    assert Key(ca, m3) not in w.ledger and w.used("a") == 0
+    w.close(2)
+    assert w.used("b", 1) == 0 and w.manager.contexts("b") == 0
+
+
+def test_free_of_the_client_cascades(w: World) -> None:
+    client, device, sub = setup_gpu(w, 1)
+    w.mem(1, client, sub, 100 * MIB)
+    w.free(1, client, client)
+    assert w.used("a") == 0 and Key(client, device) not in w.ledger
+
+
+def test_alloc_memory_and_vid_heap(w: World) -> None:
+    client, device, _ = setup_gpu(w, 1, gpu=1)
+    nvos02 = L.NVOS02_WITH_FD.struct.pack(client, device, 0x500, 0x40, 0, 0, MIB - 1, 0, 9)
+    uid, verdict = w.upcall(1, nvos02, nr=Escape.RM_ALLOC_MEMORY, node=Node.GPU, minor=1)
+    assert verdict == ALLOW
+    w.post(1, uid, Escape.RM_ALLOC_MEMORY, nvos02)
+    assert w.used("a", 1) == MIB
+    big = L.NVOS02_WITH_FD.struct.pack(client, device, 0x501, 0x40, 0, 0, GIB - 1, 0, 9)
+    assert w.upcall(1, big, nr=Escape.RM_ALLOC_MEMORY, node=Node.GPU, minor=1)[1] == (
+        Verdict.fail_status(OOM, 40))
+
+    def nvos32(function: int, h_memory: int, size: int, flags: int = 0) -> bytes:
+        values = [0] * 28
+        values[:3] = [client, device, function]
+        values[9], values[11], values[19] = h_memory, flags, size
+        return L.NVOS32.struct.pack(*values)
+
+    uid, verdict = w.upcall(1, nvos32(2, 0, 3 * MIB), nr=Escape.RM_VID_HEAP_CONTROL)
+    assert verdict == ALLOW
+    w.post(1, uid, Escape.RM_VID_HEAP_CONTROL, nvos32(2, 0x600, 3 * MIB))
+    assert w.used("a", 1) == 4 * MIB
+    virtual = nvos32(2, 0, 8 * GIB, flags=0x80000)
+    assert w.upcall(1, virtual, nr=Escape.RM_VID_HEAP_CONTROL)[1] == ALLOW  # not charged
+    uid, verdict = w.upcall(1, nvos32(3, 0x600, 0), nr=Escape.RM_VID_HEAP_CONTROL)
+    w.post(1, uid, Escape.RM_VID_HEAP_CONTROL, nvos32(3, 0x600, 0))
+    assert w.used("a", 1) == MIB
+    assert w.upcall(1, nvos32(2, 0, GIB), nr=Escape.RM_VID_HEAP_CONTROL)[1] == (
+        Verdict.fail_status(OOM, 20))
+
+
+def _fb_v2(entries: dict[int, int]) -> bytes:
+    flat = [v for kv in entries.items() for v in kv]
+    flat += [0] * (256 - len(flat))
+    return L.NV2080_CTRL_FB_GET_INFO_V2_PARAMS.struct.pack(len(entries), *flat)
+
+
+def _fb_entries(buf: bytes) -> dict[int, int]:
+    count, *flat = L.NV2080_CTRL_FB_GET_INFO_V2_PARAMS.struct.unpack(buf)
+    return {flat[2 * i]: flat[2 * i + 1] for i in range(count)}
+
+
+def test_fb_view_is_the_tenant_limit(w: World) -> None:
+    client, device, sub = setup_gpu(w, 1)
+    w.mem(1, client, device, 300 * MIB)
+    driver = {7: 4 * GIB // KIB, 8: 4 * GIB // KIB, 9: 4 * GIB // KIB - 1, 0x10: 5,
+              0x16: 3 * GIB // KIB, 0x20: 4 * GIB // KIB}
+    ctrl = L.NVOS54.struct.pack(client, sub, Ctrl.FB_GET_INFO_V2, 0, 0x7F00, 1028, 0)
+    uid, verdict = w.upcall(1, ctrl, _fb_v2(dict.fromkeys(driver, 0)), nr=Escape.RM_CONTROL)
+    assert verdict == ALLOW_POST
+    reply = w.post_upcall(1, uid, Escape.RM_CONTROL, ctrl, _fb_v2(driver))
+    assert reply.action is VerdictAction.REPLY and reply.params is None
+    assert _fb_entries(reply.data) == {7: GIB // KIB, 8: GIB // KIB, 9: GIB // KIB, 0x10: 5,
+                                       0x16: 724 * MIB // KIB, 0x20: GIB // KIB}
+    # a failed control keeps the driver's answer
+    uid, _ = w.upcall(1, ctrl, _fb_v2(driver), nr=Escape.RM_CONTROL)
+    failed = L.NVOS54.struct.pack(client, sub, Ctrl.FB_GET_INFO_V2, 0, 0x7F00, 1028, 0x1F)
+    assert w.post_upcall(1, uid, Escape.RM_CONTROL, failed, _fb_v2(driver)) == ALLOW
+
+
+def test_fb_view_floor_and_unlimited_tenants(w: World) -> None:
+    client, device, sub = setup_gpu(w, 1)
+    w.mem(1, client, device, 900 * MIB)
+    w.manager.update_tenant("a", {"memory": "512MiB"})  # below usage
+    ctrl = L.NVOS54.struct.pack(client, sub, Ctrl.FB_GET_INFO_V2, 0, 0x7F00, 1028, 0)
+    uid, _ = w.upcall(1, ctrl, _fb_v2({0x16: 1}), nr=Escape.RM_CONTROL)
+    reply = w.post_upcall(1, uid, Escape.RM_CONTROL, ctrl, _fb_v2({0x16: 12345, 9: 1}))
+    assert _fb_entries(reply.data) == {0x16: 0, 9: 512 * MIB // KIB}
+    c_client, _, c_sub = setup_gpu(w, 2, uid=3000)  # tenant c: no limit
+    ctrl = L.NVOS54.struct.pack(c_client, c_sub, Ctrl.FB_GET_INFO_V2, 0, 0x7F00, 1028, 0)
+    assert w.upcall(2, ctrl, _fb_v2({7: 1}), nr=Escape.RM_CONTROL)[1] == ALLOW
+
+
+def test_uvm_policies(w: World) -> None:
+    w.open(1, uid=1000)  # a: count
+    w.open(2, uid=5, cgroup="/pods/b-2")  # b: deny
+    w.open(3, uid=3000)  # c: allow
+    kw = dict(kind=UpcallKind.MMAP, node=Node.UVM)
+    assert w.upcall(1, mmap_params(512 * MIB), **kw)[1] == ALLOW
+    assert w.used("a", 0) == 512 * MIB
+    assert w.upcall(1, mmap_params(600 * MIB), **kw)[1] == Verdict.deny(errno.ENOMEM)
+    assert w.denied[-1].tenant == "a"
+    assert w.upcall(2, mmap_params(4096), **kw)[1] == Verdict.deny(errno.ENOMEM)
+    assert w.upcall(3, mmap_params(100 * GIB), **kw)[1] == ALLOW
+    w.close(1)
+    assert w.used("a", 0) == 0
+
+
+def test_uvm_count_charges_the_first_allowed_gpu(w: World) -> None:
+    w.manager.update_tenant("b", {"memory": "1GiB"})
+    w.open(1, uid=5, cgroup="/pods/b")
+    w.manager.create_tenant("d", {"gpus": [1], "memory": "1GiB", "match": [{"uid": 7}]})
+    w.open(2, uid=7)
+    assert w.upcall(2, mmap_params(MIB), kind=UpcallKind.MMAP, node=Node.UVM)[1] == ALLOW
+    assert (w.used("d", 0), w.used("d", 1)) == (0, MIB)
+
+
+def test_live_limit_changes(w: World) -> None:
+    client, device, _ = setup_gpu(w, 1)
+    w.mem(1, client, device, 900 * MIB)
+    assert w.mem(1, client, device, 200 * MIB)[0].action is VerdictAction.FAIL_STATUS
+    w.manager.update_tenant("a", {"memory": "2GiB"})
+    assert w.mem(1, client, device, 200 * MIB)[0] == ALLOW
+    w.manager.update_tenant("a", {"memory": "512MiB"})
+    assert w.used("a") == 1100 * MIB  # nothing freed
+    assert w.mem(1, client, device, 4 * KIB)[0].action is VerdictAction.FAIL_STATUS
+
+
+def test_restart_learns_contexts_lazily(tmp_path: Path) -> None:
+    w = World(tmp_path, default="c")
+    w.uids[9] = 1000
+    client = 0x4242
+    # an alloc under a device the daemon never saw: GPU falls back to the tenant's first
+    assert w.mem(9, client, 0x5000, MIB)[0] == ALLOW
+    assert w.manager.contexts("a") == 1 and w.used("a", 0) == MIB
+    assert w.free(9, client, 0x1234) == ALLOW  # allocated before the restart: ignored
+    # cgroup rules match through the cgroup id lookup
+    w.cgroups[0x100] = "/pods/b-9"
+    w.uids[10] = 5
+    assert w.mem(10, client, 0x5000, MIB)[0] == ALLOW
+    assert w.manager.contexts("b") == 1 and w.used("b", 1) == MIB
+    w.close(9)
+    assert w.manager.contexts("a") == 0
+
+
+def test_restart_without_a_tenant_refuses(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.uids[9] = 4
+    assert w.mem(9, 1, 2, MIB)[0] == Verdict.deny(errno.EACCES)
+    assert w.upcall(9, mmap_params(1), kind=UpcallKind.MMAP, node=Node.UVM)[1] == (
+        Verdict.deny(errno.EACCES))
+
+
+@pytest.mark.parametrize(("flags", "alloc", "status"), [
+    (UPCALL_F_DATA_FAULT, None, NvStatus.INVALID_ADDRESS),
+    (UPCALL_F_DATA_BIG, None, NvStatus.INVALID_PARAM_STRUCT),
+    (0, None, NvStatus.INVALID_ARGUMENT),
+    (0, b"\0" * 100, NvStatus.INVALID_PARAM_STRUCT),
+])
+def test_unreadable_alloc_params_are_refused_safely(w: World, flags, alloc, status) -> None:
+    client, device, _ = setup_gpu(w, 1)
+    verdict, _ = w.rm_alloc(1, client, device, 0x40, alloc, flags=flags)
+    assert verdict == Verdict.fail_status(status, 28)
+    assert w.used("a") == 0 and w.d.counters.policy_errors == 0
+
+
+def test_malformed_params_never_raise(w: World) -> None:
+    setup_gpu(w, 1)
+    for nr in (Escape.RM_ALLOC, Escape.RM_FREE, Escape.RM_DUP_OBJECT, Escape.RM_CONTROL,
+               Escape.RM_VID_HEAP_CONTROL, Escape.RM_ALLOC_MEMORY):
+        for size in (0, 3, 32, 48, 200):
+            w.upcall(1, b"\xff" * size, b"\xff" * 7, nr=nr)
+    w.upcall(1, b"\0" * 5, kind=UpcallKind.MMAP, node=Node.UVM)
+    w.post(1, 12345, Escape.RM_ALLOC, b"\0")
+    assert w.d.counters.policy_errors == 0
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(["alloc", "fail", "free", "dup", "raise", "lower",
+                                           "close"]),
+                          st.integers(1, 400), st.integers(0, 50)), max_size=40))
+def test_charged_never_exceeds_the_limit_at_admission(ops) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        w = World(Path(tmp))
+        ctx = 1
+        client, device, _ = setup_gpu(w, ctx)
+        handles: list[int] = []
+        for op, mib, pick in ops:
+            if op in ("alloc", "fail"):
+                before = w.used("a")
+                limit = w.ledger.usage("a", 0).limit
+                verdict, h = w.mem(ctx, client, device, mib * MIB,
+                                   status=OOM if op == "fail" else 0)
+                if verdict == ALLOW:
+                    assert before + mib * MIB <= limit
+                    if op == "alloc":
+                        handles.append(h)
+                else:
+                    assert before + mib * MIB > limit
+                    assert verdict == Verdict.fail_status(OOM, 28)
+            elif op == "free" and handles:
+                w.free(ctx, client, handles.pop(pick % len(handles)))
+            elif op == "dup" and handles:
+                dup = L.NVOS55.struct.pack(client, device, 0, client, handles[pick % len(handles)],
+                                           0, 0)
+                uid, _ = w.upcall(ctx, dup, nr=Escape.RM_DUP_OBJECT)
+                h = next(w.handles)
+                w.post(ctx, uid, Escape.RM_DUP_OBJECT,
+                       L.NVOS55.struct.pack(client, device, h, client,
+                                            handles[pick % len(handles)], 0, 0))
+                handles.append(h)
+            elif op == "raise":
+                w.manager.update_tenant("a", {"memory": f"{mib * 4}MiB"})
+            elif op == "lower":
+                w.manager.update_tenant("a", {"memory": f"{mib}MiB"})
+            elif op == "close":
+                w.close(ctx)
+                ctx += 1
+                client, device, _ = setup_gpu(w, ctx)
+                handles = []
+            usage = w.ledger.usage("a", 0)
+            assert usage.reserved == 0
+        w.close(ctx)
+        assert w.used("a") == 0

@@ -1,0 +1,104 @@
+"""The GPUs this node has: (index, name, total bytes) for the Manager's ledger.
+
+Two sources behind one function, ``discover()``:
+- nvsim (tests): when the vgpu module's backing_dir
+  (/sys/module/vgpu/parameters/backing_dir) is not /dev and the nvsim module
+  is loaded, its GPUs are /sys/module/nvsim/parameters/gpus devices of
+  mem_mib MiB each, named "nvsim".
+- NVML (nvidia-ml-py) on real hosts: every device nvmlDeviceGetCount reports,
+  by NVML index, with its name and total memory.
+When neither answers, the inventory is empty: the daemon runs, but tenants get
+no memory accounts (every charged allocation is refused) until it restarts
+with GPUs; the log says why.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from contextlib import suppress
+from pathlib import Path
+from typing import Any, NamedTuple
+
+__all__ = ["GpuInfo", "discover", "from_nvml", "from_nvsim"]
+
+log = logging.getLogger(__name__)
+
+SYS_MODULE = Path("/sys/module")
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+MIB = 1 << 20
+
+
+class GpuInfo(NamedTuple):
+    index: int
+    name: str
+    total: int  # bytes
+
+
+def _param(sys_module: Path, module: str, name: str) -> str | None:
+    try:
+        return (sys_module / module / "parameters" / name).read_text().strip()
+    except OSError:
+        return None
+
+
+def from_nvsim(sys_module: Path = SYS_MODULE) -> list[GpuInfo] | None:
+    """The nvsim GPUs, or None when vgpu is not backed by a loaded nvsim."""
+    backing = _param(sys_module, "vgpu", "backing_dir")
+    gpus = _param(sys_module, "nvsim", "gpus")
+    mem_mib = _param(sys_module, "nvsim", "mem_mib")
+    if backing is None or backing.rstrip("/") == "/dev" or gpus is None or mem_mib is None:
+        return None
+    try:
+        count, mib = int(gpus), int(mem_mib)
+    except ValueError:
+        log.warning("nvsim parameters unreadable: gpus=%r mem_mib=%r", gpus, mem_mib)
+        return None
+    log.info("inventory: %d nvsim GPUs of %d MiB (vgpu backing_dir %s)", count, mib, backing)
+    return [GpuInfo(i, "nvsim", mib * MIB) for i in range(count)]
+
+
+def from_nvml(nvml: Any = None) -> list[GpuInfo]:
+    """The NVML devices; empty (with a clear log line) when NVML cannot answer."""
+    if nvml is None:
+        try:
+            import pynvml as nvml
+        except ImportError:
+            log.warning("inventory: nvidia-ml-py (pynvml) is not installed: no GPUs")
+            return []
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        value = getattr(exc, "value", None)
+        if value == NVML_ERROR_LIBRARY_NOT_FOUND:
+            log.warning("inventory: NVML library (libnvidia-ml.so.1) not found: no GPUs")
+        elif value == NVML_ERROR_DRIVER_NOT_LOADED:
+            log.warning("inventory: NVIDIA driver not loaded (NVML): no GPUs")
+        else:
+            log.warning("inventory: NVML init failed: %s: no GPUs", exc)
+        return []
+    try:
+        gpus = []
+        for i in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            name = nvml.nvmlDeviceGetName(handle)
+            if isinstance(name, bytes):
+                name = name.decode(errors="replace")
+            gpus.append(GpuInfo(i, name, int(nvml.nvmlDeviceGetMemoryInfo(handle).total)))
+        log.info("inventory: %d GPUs from NVML", len(gpus))
+        return gpus
+    except nvml.NVMLError as exc:
+        log.warning("inventory: NVML query failed: %s: no GPUs", exc)
+        return []
+    finally:
+        with suppress(nvml.NVMLError):
+            nvml.nvmlShutdown()
+
+
+def discover(
+    sys_module: Path = SYS_MODULE, nvml: Callable[[], list[GpuInfo]] = from_nvml,
+) -> list[GpuInfo]:
+    """nvsim when vgpu is backed by it, else NVML."""
+    sim = from_nvsim(sys_module)
+    return sim if sim is not None else nvml()

@@ -1,0 +1,570 @@
+"""The quota policy: per-tenant GPU memory limits enforced on the upcall path.
+
+Sans-I/O: the Dispatcher hands it decoded upcalls and events and sends the
+verdicts it returns; it reads tenants and limits from the Manager (which owns
+the ledger's limits, so live changes need nothing here) and keeps the ledger's
+contexts, reservations, charges and object tree up to date.
+
+How each call is handled (the filter below selects exactly these):
+
+- OPEN (VGPU_FILTER_OPEN): the opener is resolved to a tenant (binding, rule,
+  default); none: DENY(EACCES). Otherwise the context is opened in the ledger.
+  CLOSE events close it: its reservations and objects go back.
+- RM_ALLOC of NV01_MEMORY_LOCAL_USER / _PRIVILEGED (NVOS21 or NVOS64): the size
+  of NV_MEMORY_ALLOCATION_PARAMS (the rule's copied buffer), rounded up to
+  4 KiB, is reserved on the allocation's GPU; over the limit the call fails as
+  a real out-of-memory (FAIL_STATUS NV_ERR_NO_MEMORY at the struct's status)
+  and Manager.quota_exceeded is told. The POST event commits the reservation
+  to the new handle (status 0 and ret 0) or releases it.
+  Alloc params that the module could not copy get the status the driver
+  itself would answer (rmapiParamsAcquire, as nvsim mirrors it): a fault
+  NV_ERR_INVALID_ADDRESS, a block over VGPU_PARAMS_MAX or of the wrong size
+  NV_ERR_INVALID_PARAM_STRUCT, no pointer NV_ERR_INVALID_ARGUMENT. A size we
+  cannot read is never admitted.
+- RM_ALLOC of root clients (0x41), devices (0x80) and subdevices (0x2080):
+  tracked on their POST event as uncharged objects of the tree, so that a
+  free of an ancestor (or of the client) cascades; a device records its GPU
+  (NV0080_ALLOC_PARAMETERS.deviceId), a subdevice inherits its device's.
+- The GPU of an allocation is its parent's (device or subdevice); when the
+  parent is unknown (not seen since the daemon started): the node's minor on
+  a GPU node, else the tenant's first allowed GPU of the inventory.
+  RM deviceId is taken to be the inventory index (true of nvsim; on real
+  hosts RM device instances and NVML indexes both follow PCI order).
+- RM_ALLOC_MEMORY (nvidiaN, classes 0x40 / 0x3F) charges limit + 1 bytes on
+  its parent's GPU (else the node's minor). RM_VID_HEAP_CONTROL ALLOC_SIZE
+  charges AllocSize.size (not NVOS32_ALLOC_FLAGS_VIRTUAL ranges); FREE frees.
+- RM_FREE, on POST success, frees the object and its subtree (an unknown
+  handle is ignored: it was never charged or tracked). RM_DUP_OBJECT of a
+  known object, on POST success, makes a second handle to the same charge.
+- FB_GET_INFO_V2 (control 0x20801303, its params are the rule's buffer) of a
+  tenant with a memory limit: ALLOW with F_POST; the POST upcall rewrites
+  RAM_SIZE, TOTAL_RAM_SIZE, HEAP_SIZE and USABLE_RAM_SIZE to the limit and
+  HEAP_FREE to limit - usage (KiB, floor 0), and answers REPLY with the
+  rewritten buffer (VGPU_A_DATA). FB_GET_INFO (0x20801301) is not selected:
+  its list sits behind a pointer inside the control params, two levels from
+  the ioctl params, out of reach of a module rule.
+- MMAP of nvidia-uvm (VGPU_FILTER_UVM_MMAP), by the tenant's `uvm`: deny ->
+  DENY(ENOMEM); allow -> ALLOW; count -> the mapping's length (rounded to
+  4 KiB) is charged at once, on the tenant's first allowed GPU of the
+  inventory (managed memory has no GPU of its own), until the file closes
+  (munmap is not visible to the module).
+
+A daemon restarted while files were open learns their contexts lazily, from
+the opener identity in the first upcall header it sees for them: the header
+has no cgroup path, so the path is looked up by cgroup id through the
+``cgroup_path`` callable when one is given (else cgroup rules see an empty
+path, and only uid/pid bindings and the default tenant can match). Memory
+allocated before the restart is not known: it is not charged, and frees of
+it are ignored, until those files are closed.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from vgpud.core.ledger import CHARGED_CLASSES, Denied, Key, Ledger, LedgerError, Reservation
+from vgpud.core.tenants import Opener, Tenant, UvmPolicy, resolve
+from vgpud.kernel.codec import CloseEvent, Event, PostEvent, Upcall
+from vgpud.kernel.uapi import (
+    ALLOW,
+    ALLOW_POST,
+    FILTER_OPEN,
+    FILTER_UVM_MMAP,
+    UPCALL_F_DATA_BIG,
+    UPCALL_F_DATA_FAULT,
+    Filter,
+    MmapParams,
+    Node,
+    UpcallKind,
+    Verdict,
+)
+from vgpud.nvidia import layouts as L
+from vgpud.nvidia.escapes import (
+    NVOS32_ALLOC_FLAGS_VIRTUAL,
+    Ctrl,
+    Escape,
+    FbInfoIndex,
+    NvClass,
+    NvStatus,
+    VidHeapFunction,
+)
+from vgpud.nvidia.layouts import (
+    DeviceAllocParams,
+    MemoryAllocParams,
+    RmAlloc,
+    RmAllocMemory,
+    RmControl,
+    RmDupObject,
+    RmFree,
+    VidHeapControl,
+    rewrite_fb_info_v2,
+)
+from vgpud.nvidia.rules import (
+    rm_alloc_classes,
+    rm_alloc_memory_classes,
+    rm_control_cmds,
+    rm_dup_object,
+    rm_free,
+    rm_vid_heap_functions,
+)
+
+if TYPE_CHECKING:
+    from vgpud.manager import Manager
+    from vgpud.policy import Request
+
+__all__ = ["PAGE_SIZE", "QuotaPolicy"]
+
+log = logging.getLogger(__name__)
+
+PAGE_SIZE = 4096
+TREE_CLASSES = frozenset({NvClass.ROOT_CLIENT, NvClass.DEVICE_0, NvClass.SUBDEVICE_0})
+FB_LIMIT_INDEXES = (FbInfoIndex.RAM_SIZE, FbInfoIndex.TOTAL_RAM_SIZE, FbInfoIndex.HEAP_SIZE,
+                    FbInfoIndex.USABLE_RAM_SIZE)
+
+DENY_EACCES = Verdict.deny(errno.EACCES)
+DENY_ENOMEM = Verdict.deny(errno.ENOMEM)
+DENY_EINVAL = Verdict.deny(errno.EINVAL)
+
+_MISSING = object()
+_U32 = struct.Struct("=I")
+# Where the result (status) and the new handle lie after the call, by (escape, size).
+_NEW_HANDLE = {
+    (Escape.RM_ALLOC, L.NVOS21.size): L.NVOS21.offsets["hObjectNew"],
+    (Escape.RM_ALLOC, L.NVOS64.size): L.NVOS64.offsets["hObjectNew"],
+    (Escape.RM_ALLOC_MEMORY, L.NVOS02_WITH_FD.size): L.NVOS02_WITH_FD.offsets["hObjectNew"],
+    (Escape.RM_VID_HEAP_CONTROL, L.NVOS32.size): L.NVOS32.offsets["hMemory"],
+    (Escape.RM_DUP_OBJECT, L.NVOS55.size): L.NVOS55.offsets["hObject"],
+}
+
+
+def page_round(size: int) -> int:
+    return -(-size // PAGE_SIZE) * PAGE_SIZE
+
+
+# --- what an allowed call waits for (by upcall id) ----------------------------
+
+
+@dataclass(slots=True)
+class _Charge:
+    """A reserved allocation: commit to the new handle, or release."""
+
+    ctx: int
+    reservation: Reservation
+    client: int
+
+
+@dataclass(slots=True)
+class _Track:
+    """A client / device / subdevice alloc: track its handle in the tree."""
+
+    ctx: int
+    h_class: int
+    client: int
+    parent: int
+    gpu: int | None  # a device's GPU (deviceId)
+
+
+@dataclass(slots=True)
+class _Free:
+    ctx: int
+    key: Key
+
+
+@dataclass(slots=True)
+class _Dup:
+    ctx: int
+    client: int
+    parent: int
+    source: Key
+
+
+@dataclass(slots=True)
+class _FbView:
+    ctx: int
+    tenant: str
+    gpu: int
+
+
+_Pending = _Charge | _Track | _Free | _Dup | _FbView
+
+
+class QuotaPolicy:
+    """Memory quotas, the virtualized FB view and the UVM policy (see the module doc)."""
+
+    def __init__(
+        self,
+        manager: Manager,
+        ledger: Ledger,
+        *,
+        cgroup_path: Callable[[int], str | None] | None = None,
+    ) -> None:
+        self.manager = manager
+        self.ledger = ledger
+        self._cgroup_path = cgroup_path
+        self._contexts: dict[int, str | None] = {}  # ctx -> tenant (None: refused)
+        self._gpu_of: dict[Key, int] = {}  # device / subdevice -> GPU index
+        self._pending: dict[int, _Pending] = {}  # upcall id -> what its POST completes
+        self._tenants_seen: tuple[Tenant, ...] | None = None
+        self._by_name: dict[str, Tenant] = {}
+        self._gpu_indexes = frozenset(gpu.index for gpu in manager.gpus)
+
+    # --- Policy ---
+
+    def filter(self) -> Filter:
+        charged = sorted(CHARGED_CLASSES)
+        return Filter(
+            flags=FILTER_OPEN | FILTER_UVM_MMAP,
+            rules=(
+                *rm_alloc_classes([*TREE_CLASSES, *charged]),
+                rm_free(),
+                rm_dup_object(),
+                rm_alloc_memory_classes(charged),
+                rm_vid_heap_functions([VidHeapFunction.ALLOC_SIZE, VidHeapFunction.FREE]),
+                rm_control_cmds([Ctrl.FB_GET_INFO_V2]),
+            ),
+        )
+
+    def decide(self, request: Request) -> Verdict:
+        upcall = request.upcall
+        if upcall.kind is UpcallKind.OPEN:
+            return self._open(upcall)
+        tenant = self._tenant_of(upcall)
+        if tenant is None:
+            return DENY_EACCES
+        if upcall.kind is UpcallKind.MMAP:
+            return self._mmap(upcall, tenant, request.call)
+        call = request.call
+        kind = type(call)
+        if kind is RmAlloc:
+            return self._rm_alloc(upcall, tenant, call)  # type: ignore[arg-type]
+        if kind is RmFree:
+            return self._rm_free(upcall, call)  # type: ignore[arg-type]
+        if kind is RmDupObject:
+            return self._rm_dup(upcall, call)  # type: ignore[arg-type]
+        if kind is RmAllocMemory:
+            return self._rm_alloc_memory(upcall, tenant, call)  # type: ignore[arg-type]
+        if kind is VidHeapControl:
+            return self._vid_heap(upcall, tenant, call)  # type: ignore[arg-type]
+        if kind is RmControl:
+            return self._control(upcall, tenant, call)  # type: ignore[arg-type]
+        if call is None and upcall.nr == Escape.RM_ALLOC:
+            return self._undecodable_alloc(upcall)
+        return ALLOW
+
+    def decide_post(self, request: Request) -> Verdict:
+        """A POST upcall: the FB view is rewritten; anything else completes as on an event."""
+        upcall = request.upcall
+        pending = self._pending.pop(upcall.id, None)
+        if pending is None:
+            return ALLOW
+        if type(pending) is _FbView:
+            return self._fb_view(upcall, pending)  # type: ignore[arg-type]
+        self._complete(pending, upcall.nr, upcall.ret, upcall.params)
+        return ALLOW
+
+    def on_event(self, event: Event) -> None:
+        if type(event) is PostEvent:
+            pending = self._pending.pop(event.upcall_id, None)
+            if pending is not None:
+                self._complete(pending, event.nr, event.ret, event.params)
+        elif type(event) is CloseEvent:
+            self._close(event.ctx_id)
+
+    # --- contexts ---
+
+    def _open(self, upcall: Upcall) -> Verdict:
+        o = upcall.opener
+        name = self._resolve(o.pid, o.tgid, o.uid, o.gid, o.cgroup_id, o.cgroup or "")
+        if name is None:
+            log.info("open refused: pid %d uid %d cgroup %s matches no tenant",
+                     o.tgid, o.uid, o.cgroup)
+            return DENY_EACCES
+        if upcall.ctx_id in self._contexts:  # a stale context of the same id
+            self._close(upcall.ctx_id)
+        self._start_context(upcall.ctx_id, name)
+        return ALLOW
+
+    def _tenant_of(self, upcall: Upcall) -> str | None:
+        name = self._contexts.get(upcall.ctx_id, _MISSING)
+        if name is not _MISSING:
+            return name  # type: ignore[return-value]
+        # Opened before this daemon started: learn it from the header.
+        o = upcall.opener
+        path = self._cgroup_path(o.cgroup_id) if self._cgroup_path is not None else None
+        name = self._resolve(o.pid, o.tgid, o.uid, o.gid, o.cgroup_id, path or "")
+        log.info("context %d (pid %d uid %d cgroup %s) opened before this daemon: tenant %s",
+                 upcall.ctx_id, o.tgid, o.uid, path or f"id {o.cgroup_id}", name)
+        if name is None:
+            self._contexts[upcall.ctx_id] = None
+        else:
+            self._start_context(upcall.ctx_id, name)
+        return name
+
+    def _resolve(self, pid: int, tgid: int, uid: int, gid: int, cgroup_id: int,
+                 path: str) -> str | None:
+        m = self.manager
+        return resolve(Opener(pid, tgid, uid, gid, cgroup_id, path), m.tenants, m.bindings,
+                       m.default_tenant)
+
+    def _start_context(self, ctx: int, name: str) -> None:
+        self._contexts[ctx] = name
+        try:
+            self.manager.open_context(ctx, name)
+        except LedgerError as exc:  # a tenant without accounts (no GPUs in the inventory)
+            log.warning("context %d of %s not accounted: %r", ctx, name, exc)
+
+    def _close(self, ctx: int) -> None:
+        name = self._contexts.pop(ctx, _MISSING)
+        for upcall_id in [i for i, p in self._pending.items() if p.ctx == ctx]:
+            del self._pending[upcall_id]
+        if name is _MISSING or name is None:
+            return
+        try:
+            freed = self.manager.close_context(ctx)
+        except (LedgerError, KeyError):
+            return
+        self._forget(freed.keys)
+
+    def _tenant(self, name: str) -> Tenant | None:
+        tenants = self.manager.tenants
+        if tenants is not self._tenants_seen:
+            self._by_name = {t.name: t for t in tenants}
+            self._tenants_seen = tenants
+        return self._by_name.get(name)
+
+    # --- allocations ---
+
+    def _rm_alloc(self, upcall: Upcall, tenant: str, call: RmAlloc) -> Verdict:
+        h_class = call.h_class
+        if h_class in CHARGED_CLASSES:
+            alloc = call.alloc
+            if type(alloc) is not MemoryAllocParams:
+                return Verdict.fail_status(_params_status(upcall, call.p_alloc_params,
+                                                          call.params_size), call.status_off)
+            return self._reserve(upcall, tenant, call.h_root, call.h_parent, call.h_new,
+                                 alloc.size, call.status_off)  # type: ignore[union-attr]
+        if h_class in TREE_CLASSES:
+            gpu = None
+            if type(call.alloc) is DeviceAllocParams:
+                gpu = call.alloc.device_id  # type: ignore[union-attr]
+            self._pending[upcall.id] = _Track(upcall.ctx_id, h_class, call.h_root,
+                                              call.h_parent, gpu)
+        return ALLOW
+
+    def _undecodable_alloc(self, upcall: Upcall) -> Verdict:
+        """RM_ALLOC whose params or alloc params did not decode: no charged class passes."""
+        params = upcall.params
+        status_off = L.status_offset(Escape.RM_ALLOC, len(params))
+        if status_off is None:
+            return ALLOW  # not NVOS21/NVOS64: the driver refuses it
+        h_class = _U32.unpack_from(params, L.NVOS21.offsets["hClass"])[0]
+        if h_class not in CHARGED_CLASSES:
+            return ALLOW
+        return Verdict.fail_status(_params_status(upcall, 1, 1), status_off)
+
+    def _rm_alloc_memory(self, upcall: Upcall, tenant: str, call: RmAllocMemory) -> Verdict:
+        if call.h_class not in CHARGED_CLASSES or call.limit >= 2**64 - 1:
+            return ALLOW  # the driver refuses an all-ones limit (NV_ERR_INVALID_LIMIT)
+        return self._reserve(upcall, tenant, call.h_root, call.h_parent, call.h_new,
+                             call.limit + 1, L.NVOS02_WITH_FD.offsets["status"])
+
+    def _vid_heap(self, upcall: Upcall, tenant: str, call: VidHeapControl) -> Verdict:
+        if call.function == VidHeapFunction.FREE:
+            return self._rm_free(upcall, RmFree(call.h_root, call.h_parent, call.h_memory, 0))
+        alloc = call.alloc
+        if alloc is None or alloc.flags & NVOS32_ALLOC_FLAGS_VIRTUAL:
+            return ALLOW
+        return self._reserve(upcall, tenant, call.h_root, call.h_parent, alloc.h_memory,
+                             alloc.size, L.NVOS32.offsets["status"])
+
+    def _reserve(self, upcall: Upcall, tenant: str, client: int, h_parent: int, h_new: int,
+                 size: int, status_off: int) -> Verdict:
+        parent = Key(client, h_parent)
+        gpu = self._gpu_for(parent, tenant, upcall)
+        ledger = self.ledger
+        try:
+            result = ledger.reserve(upcall.ctx_id, gpu, page_round(size),
+                                    parent if parent in ledger else None,
+                                    Key(client, h_new) if h_new else None)
+        except LedgerError as exc:
+            log.warning("upcall %d: %s on GPU %d not accounted (%r): refused",
+                        upcall.id, tenant, gpu, exc)
+            return Verdict.fail_status(NvStatus.NO_MEMORY, status_off)
+        if type(result) is Denied:
+            log.info("quota: %s asked %d bytes on GPU %d, %d of %d used: refused",
+                     tenant, result.size, gpu, result.used, result.limit)
+            self.manager.quota_exceeded(result)
+            return Verdict.fail_status(NvStatus.NO_MEMORY, status_off)
+        self._pending[upcall.id] = _Charge(upcall.ctx_id, result, client)  # type: ignore[arg-type]
+        return ALLOW
+
+    def _gpu_for(self, parent: Key, tenant: str, upcall: Upcall) -> int:
+        gpu = self._gpu_of.get(parent)
+        if gpu is not None:
+            return gpu
+        if upcall.node is Node.GPU:
+            return upcall.minor
+        return self._first_gpu(tenant)
+
+    def _first_gpu(self, tenant: str) -> int:
+        t = self._tenant(tenant)
+        for gpu in self.manager.gpus:
+            if t is None or t.allows_gpu(gpu.index):
+                return gpu.index
+        return 0
+
+    # --- frees and dups ---
+
+    def _rm_free(self, upcall: Upcall, call: RmFree) -> Verdict:
+        key = Key(call.h_root, call.h_object)
+        if key in self.ledger:
+            self._pending[upcall.id] = _Free(upcall.ctx_id, key)
+        return ALLOW
+
+    def _rm_dup(self, upcall: Upcall, call: RmDupObject) -> Verdict:
+        source = Key(call.h_client_src, call.h_object_src)
+        if source in self.ledger:
+            self._pending[upcall.id] = _Dup(upcall.ctx_id, call.h_client, call.h_parent, source)
+        return ALLOW
+
+    # --- completion (POST) ---
+
+    def _complete(self, pending: _Pending, nr: int, ret: int, params: bytes) -> None:
+        status_off = L.status_offset(nr, len(params))
+        ok = (ret == 0 and status_off is not None
+              and _U32.unpack_from(params, status_off)[0] == NvStatus.OK)
+        try:
+            self._apply(pending, ok, nr, params)
+        except LedgerError as exc:
+            log.warning("POST of %s: %r", type(pending).__name__, exc)
+
+    def _apply(self, pending: _Pending, ok: bool, nr: int, params: bytes) -> None:
+        ledger = self.ledger
+        kind = type(pending)
+        if kind is _Charge:
+            r = pending.reservation  # type: ignore[union-attr]
+            handle = _new_handle(nr, params) if ok else 0
+            if handle:
+                try:
+                    ledger.commit(r, Key(pending.client, handle))  # type: ignore[union-attr]
+                except LedgerError:
+                    ledger.release(r)
+                    raise
+            else:
+                ledger.release(r)
+            self.manager.usage_changed(r.tenant)
+            return
+        if not ok:
+            return
+        if kind is _Free:
+            freed = ledger.free(pending.key)  # type: ignore[union-attr]
+            self._forget(freed.keys)
+            for tenant in {r.tenant for r in freed.released}:
+                self.manager.usage_changed(tenant)
+        elif kind is _Track:
+            self._track(pending, _new_handle(nr, params))  # type: ignore[arg-type]
+        elif kind is _Dup:
+            handle = _new_handle(nr, params)
+            if not handle:
+                return
+            p: _Dup = pending  # type: ignore[assignment]
+            key, parent = Key(p.client, handle), Key(p.client, p.parent)
+            ledger.dup(p.ctx, key, p.source, parent if parent in ledger else None)
+            if (gpu := self._gpu_of.get(p.source)) is not None:
+                self._gpu_of[key] = gpu
+
+    def _track(self, pending: _Track, handle: int) -> None:
+        if not handle:
+            return
+        if pending.h_class == NvClass.ROOT_CLIENT:
+            key, parent = Key(handle, handle), None
+        else:
+            key, parent = Key(pending.client, handle), Key(pending.client, pending.parent)
+            if parent not in self.ledger:
+                parent = None
+        self.ledger.track(pending.ctx, key, parent)
+        if pending.h_class == NvClass.DEVICE_0:
+            if pending.gpu in self._gpu_indexes:
+                self._gpu_of[key] = pending.gpu  # type: ignore[assignment]
+            else:
+                log.warning("device %s on GPU %s, not in the inventory", key, pending.gpu)
+        elif pending.h_class == NvClass.SUBDEVICE_0 and parent in self._gpu_of:
+            self._gpu_of[key] = self._gpu_of[parent]  # type: ignore[index]
+
+    def _forget(self, keys: tuple[Key, ...]) -> None:
+        gpu_of = self._gpu_of
+        for key in keys:
+            gpu_of.pop(key, None)
+
+    # --- the virtualized FB view ---
+
+    def _control(self, upcall: Upcall, tenant: str, call: RmControl) -> Verdict:
+        if call.cmd != Ctrl.FB_GET_INFO_V2 or upcall.data is None:
+            return ALLOW
+        t = self._tenant(tenant)
+        gpu = self._gpu_of.get(Key(call.h_client, call.h_object))
+        if t is None or t.memory is None or gpu is None:
+            return ALLOW  # no limit (or a GPU we cannot name): the driver's answer stands
+        self._pending[upcall.id] = _FbView(upcall.ctx_id, tenant, gpu)
+        return ALLOW_POST
+
+    def _fb_view(self, upcall: Upcall, pending: _FbView) -> Verdict:
+        params, data = upcall.params, upcall.data
+        if (upcall.ret != 0 or data is None or len(params) != L.NVOS54.size
+                or _U32.unpack_from(params, L.NVOS54.offsets["status"])[0] != NvStatus.OK):
+            return ALLOW
+        try:
+            usage = self.ledger.usage(pending.tenant, pending.gpu)
+        except LedgerError:
+            return ALLOW
+        values = dict.fromkeys(FB_LIMIT_INDEXES, usage.limit // 1024)
+        values[FbInfoIndex.HEAP_FREE] = usage.free // 1024
+        new = rewrite_fb_info_v2(data, values)
+        return ALLOW if new is None else Verdict.reply(data=new)
+
+    # --- nvidia-uvm ---
+
+    def _mmap(self, upcall: Upcall, tenant: str, call: object) -> Verdict:
+        t = self._tenant(tenant)
+        uvm = UvmPolicy.COUNT if t is None else t.uvm
+        if uvm is UvmPolicy.ALLOW:
+            return ALLOW
+        if uvm is UvmPolicy.DENY:
+            return DENY_ENOMEM
+        if type(call) is not MmapParams:
+            return DENY_EINVAL
+        gpu = self._first_gpu(tenant)
+        ledger = self.ledger
+        try:
+            result = ledger.reserve(upcall.ctx_id, gpu, page_round(call.length))  # type: ignore[attr-defined]
+            if type(result) is Denied:
+                self.manager.quota_exceeded(result)
+                return DENY_ENOMEM
+            # Key(0, id): client handle 0 is never an RM client; upcall ids are unique.
+            ledger.commit(result, Key(0, upcall.id))  # type: ignore[arg-type]
+        except LedgerError as exc:
+            log.warning("uvm mmap of %s not accounted: %r", tenant, exc)
+            return DENY_ENOMEM
+        self.manager.usage_changed(tenant)
+        return ALLOW
+
+
+def _params_status(upcall: Upcall, pointer: int, size: int) -> int:
+    """The status the driver gives alloc params it cannot take (rmapiParamsAcquire)."""
+    if upcall.flags & UPCALL_F_DATA_FAULT:
+        return NvStatus.INVALID_ADDRESS
+    if upcall.flags & UPCALL_F_DATA_BIG:
+        return NvStatus.INVALID_PARAM_STRUCT
+    if not pointer or not size:
+        return NvStatus.INVALID_ARGUMENT
+    return NvStatus.INVALID_PARAM_STRUCT  # copied, but not NV_MEMORY_ALLOCATION_PARAMS
+
+
+def _new_handle(nr: int, params: bytes) -> int:
+    off = _NEW_HANDLE.get((nr, len(params)))
+    return 0 if off is None else _U32.unpack_from(params, off)[0]
