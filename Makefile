@@ -27,7 +27,7 @@ lint:
 	$(MAKE) -C kmod checkpatch
 
 bench: modules
-	scripts/vm-run -- scripts/bench-vm
+	scripts/vm-run -- python tests/bench/bench_path.py
 
 clean:
 	$(MAKE) -C kmod clean

@@ -25,6 +25,7 @@ ESC_RM_ALLOC_MEMORY = 0x27
 ESC_RM_FREE = 0x29
 ESC_RM_CONTROL = 0x2A
 ESC_RM_ALLOC = 0x2B
+ESC_RM_DUP_OBJECT = 0x34
 ESC_RM_VID_HEAP_CONTROL = 0x4A
 ESC_RM_MAP_MEMORY = 0x4E
 ESC_RM_UNMAP_MEMORY = 0x4F
@@ -94,6 +95,8 @@ NVOS00 = struct.Struct("<IIII")  # hRoot hObjectParent hObjectOld status
 NVOS21 = struct.Struct("<IIIIQII")  # ... pAllocParms paramsSize status
 NVOS64 = struct.Struct("<IIIIQQIII4x")  # ... pRightsRequested paramsSize flags status
 NVOS54 = struct.Struct("<IIIIQII")  # hClient hObject cmd flags params paramsSize status
+# hClient hParent hObject hClientSrc hObjectSrc flags status (nvos.h NVOS55)
+NVOS55 = struct.Struct("<IIIIIII")
 # hClient hDevice hMemory offset length pLinearAddress status flags fd
 NVOS33_FD = struct.Struct("<III4xQQQIIi4x")
 NVOS34 = struct.Struct("<III4xQII")  # hClient hDevice hMemory pLinearAddress status flags
@@ -128,6 +131,7 @@ for _s, _n in (
 ):
     assert _s.size == _n, (_s.format, _s.size, _n)
 assert NVOS32_HEAD.size + NVOS32_ALLOC.size <= NVOS32_SIZE
+assert NVOS55.size == 28
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
@@ -318,6 +322,21 @@ def rm_unmap_memory(ctl: int, hclient: int, hdevice: int, hmemory: int,
     b = cbuf(NVOS34.pack(hclient, hdevice, hmemory, address, 0, 0))
     e = nv_ioctl(ctl, ESC_RM_UNMAP_MEMORY, b)
     return e, NVOS34.unpack(b.raw)[4]
+
+
+def rm_dup_object(ctl: int, hclient: int, hparent: int, hobject: int, hclient_src: int,
+                  hobject_src: int, flags: int = 0, xfer: bool = False) -> tuple[int, int, int]:
+    """RM_DUP_OBJECT (NVOS55); returns (errno, status, the new handle)."""
+    b = cbuf(NVOS55.pack(hclient, hparent, hobject, hclient_src, hobject_src, flags, 0))
+    e = nv_ioctl(ctl, ESC_RM_DUP_OBJECT, b, xfer=xfer)
+    f = NVOS55.unpack(b.raw)
+    return e, f[6], f[2]
+
+
+def rm_calls() -> int:
+    """nvsim's count of ioctl calls it received (module parameter rm_calls)."""
+    with open("/sys/module/nvsim/parameters/rm_calls") as f:
+        return int(f.read())
 
 
 def rm_alloc_memory(gpu: int, hroot: int, hparent: int, hnew: int, hclass: int,

@@ -38,6 +38,7 @@ static const struct nvsim_escape nvsim_escapes[] = {
 	{ NV_ESC_RM_FREE, sizeof(struct nvos00), 0 },
 	{ NV_ESC_RM_CONTROL, sizeof(struct nvos54), 0 },
 	{ NV_ESC_RM_ALLOC, 0, NVSIM_SIZE_ALLOC },
+	{ NV_ESC_RM_DUP_OBJECT, sizeof(struct nvos55), 0 },
 	{ NV_ESC_RM_VID_HEAP_CONTROL, sizeof(struct nvos32), 0 },
 	{ NV_ESC_RM_MAP_MEMORY, sizeof(struct nvos33_with_fd), 0 },
 	{ NV_ESC_RM_UNMAP_MEMORY, sizeof(struct nvos34), 0 },
@@ -199,6 +200,8 @@ static int nvsim_dispatch(struct file *file, u32 nr, void *buf, u32 size)
 		return ctl ? nvsim_rm_free(nf, buf) : -EINVAL;
 	case NV_ESC_RM_CONTROL:
 		return ctl ? nvsim_rm_control(nf, buf) : -EINVAL;
+	case NV_ESC_RM_DUP_OBJECT:
+		return ctl ? nvsim_rm_dup_object(nf, buf) : -EINVAL;
 	case NV_ESC_RM_VID_HEAP_CONTROL:
 		return ctl ? nvsim_rm_vid_heap(nf, buf) : -EINVAL;
 	case NV_ESC_RM_MAP_MEMORY:
@@ -249,6 +252,7 @@ long nvsim_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 	void *buf;
 	int ret;
 
+	nvsim_count_rm_call();
 	if (nf->kind == NVSIM_FILE_UVM)
 		return nvsim_uvm_ioctl(nf, cmd, uptr);
 

@@ -7,6 +7,7 @@
  * not misc: a misc open that opens another misc device deadlocks on
  * misc_mtx).  This file holds the module and file plumbing.
  */
+#include <linux/atomic.h>
 #include <linux/build_bug.h>
 #include <linux/cdev.h>
 #include <linux/device.h>
@@ -15,6 +16,7 @@
 #include <linux/kdev_t.h>
 #include <linux/module.h>
 #include <linux/slab.h>
+#include <linux/sysfs.h>
 #include <linux/stddef.h>
 
 #include "nvsim.h"
@@ -26,6 +28,30 @@ MODULE_PARM_DESC(gpus, "Number of simulated GPUs (1-8, default 2)");
 static unsigned int mem_mib = 4096;
 module_param(mem_mib, uint, 0444);
 MODULE_PARM_DESC(mem_mib, "Memory per GPU in MiB (default 4096)");
+
+/*
+ * Calls that reached nvsim: every ioctl on any of its files, counted before
+ * any check (read-only parameter rm_calls), so a test can prove that an
+ * intercepted call never got here.
+ */
+static atomic64_t nvsim_rm_calls = ATOMIC64_INIT(0);
+
+void nvsim_count_rm_call(void)
+{
+	atomic64_inc(&nvsim_rm_calls);
+}
+
+static int nvsim_rm_calls_get(char *buf, const struct kernel_param *kp)
+{
+	return sysfs_emit(buf, "%lld\n", (long long)atomic64_read(&nvsim_rm_calls));
+}
+
+static const struct kernel_param_ops nvsim_rm_calls_ops = {
+	.get = nvsim_rm_calls_get,
+};
+
+module_param_cb(rm_calls, &nvsim_rm_calls_ops, NULL, 0444);
+MODULE_PARM_DESC(rm_calls, "ioctl calls received, all files (read-only)");
 
 struct nvsim_gpu nvsim_gpus[NVSIM_MAX_GPUS];
 unsigned int nvsim_ngpus;
@@ -115,6 +141,9 @@ static void __init nvsim_abi_check(void)
 	BUILD_BUG_ON(offsetof(struct nvos64, params_size) != 32);
 	BUILD_BUG_ON(offsetof(struct nvos64, status) != 40);
 	BUILD_BUG_ON(sizeof(struct nvos54) != 32);
+	BUILD_BUG_ON(sizeof(struct nvos55) != 28);
+	BUILD_BUG_ON(offsetof(struct nvos55, h_object_src) != 16);
+	BUILD_BUG_ON(offsetof(struct nvos55, status) != 24);
 	BUILD_BUG_ON(offsetof(struct nvos54, status) != 28);
 	BUILD_BUG_ON(sizeof(struct nvos33_with_fd) != 56);
 	BUILD_BUG_ON(offsetof(struct nvos33_with_fd, p_linear_address) != 32);

@@ -157,11 +157,40 @@ static const struct vm_operations_struct nvsim_vm_ops = {
 };
 
 /*
+ * mmap of nvidia-uvm: a simple stand-in for UVM's managed ranges (not
+ * UVM's semantics).  Each mapping gets pages of its own, zeroed on first
+ * touch and shared only with its copies (fork); it must be MAP_SHARED
+ * (else -EINVAL) and no longer than backing_mib (else -ENOMEM).  Faults
+ * beyond backing_mib for all stores are SIGBUS, as for GPU memory.  The
+ * offset is ignored: UVM asks for offset == address, nvsim does not check.
+ */
+static int nvsim_uvm_mmap(struct vm_area_struct *vma)
+{
+	unsigned long limit = (unsigned long)backing_mib << (20 - PAGE_SHIFT);
+	unsigned long npages = vma_pages(vma);
+	struct nvsim_store *store;
+
+	if (!(vma->vm_flags & VM_SHARED))
+		return -EINVAL;
+	if (npages > limit)
+		return -ENOMEM;
+	store = nvsim_store_create(npages);
+	if (!store)
+		return -ENOMEM;
+	vma->vm_pgoff = 0;
+	vma->vm_private_data = store;
+	vma->vm_ops = &nvsim_vm_ops;
+	vma->vm_flags |= VM_DONTEXPAND | VM_DONTDUMP;
+	return 0;
+}
+
+/*
  * mmap of nvidiaN, as nvidia_mmap_helper(): the file needs a mapping
  * context from RM_MAP_MEMORY (else -EINVAL), the offset must be 0 (else
  * -EINVAL) and the length the mapped length rounded to pages (else
- * -ENXIO).  Mappings must be MAP_SHARED (else -EINVAL).  nvidiactl and
- * nvidia-uvm cannot be mapped here (-ENODEV).
+ * -ENXIO).  Mappings must be MAP_SHARED (else -EINVAL).  nvidia-uvm maps
+ * anonymous-like pages (nvsim_uvm_mmap()); nvidiactl cannot be mapped
+ * (-ENODEV).
  */
 int nvsim_mmap(struct file *file, struct vm_area_struct *vma)
 {
@@ -171,6 +200,8 @@ int nvsim_mmap(struct file *file, struct vm_area_struct *vma)
 	pgoff_t first = 0;
 	int ret = 0;
 
+	if (nf->kind == NVSIM_FILE_UVM)
+		return nvsim_uvm_mmap(vma);
 	if (nf->kind != NVSIM_FILE_GPU)
 		return -ENODEV;
 	if (!(vma->vm_flags & VM_SHARED))

@@ -15,6 +15,7 @@
 #define NV_ESC_RM_FREE			0x29
 #define NV_ESC_RM_CONTROL		0x2a
 #define NV_ESC_RM_ALLOC			0x2b
+#define NV_ESC_RM_DUP_OBJECT		0x34
 #define NV_ESC_RM_VID_HEAP_CONTROL	0x4a
 #define NV_ESC_RM_MAP_MEMORY		0x4e
 #define NV_ESC_RM_UNMAP_MEMORY		0x4f
@@ -114,6 +115,19 @@ struct nvos54 {
 	u32 flags;
 	u64 params;
 	u32 params_size;
+	u32 status;
+};
+
+/* NVOS55: RM_DUP_OBJECT. */
+#define NV04_DUP_HANDLE_FLAGS_REJECT_KERNEL_DUP_PRIVILEGE	0x1
+
+struct nvos55 {
+	u32 h_client;
+	u32 h_parent;
+	u32 h_object;
+	u32 h_client_src;
+	u32 h_object_src;
+	u32 flags;
 	u32 status;
 };
 

@@ -99,6 +99,20 @@ enum nvsim_obj_kind {
 
 struct nvsim_client;
 
+/*
+ * The memory behind one memory object and its duplicates (RM_DUP_OBJECT);
+ * all fields under nvsim_lock.  Capacity is charged once, by the first
+ * handle, and returned when the last handle is freed.
+ */
+struct nvsim_mem {
+	unsigned int refs;		/* handles that refer to it */
+	struct nvsim_gpu *gpu;
+	u64 size;			/* page aligned */
+	u64 fb_offset;
+	bool charged;
+	struct nvsim_store *store;	/* lazily, counted */
+};
+
 /* An RM object; all fields under nvsim_lock. */
 struct nvsim_obj {
 	u32 handle;
@@ -111,10 +125,7 @@ struct nvsim_obj {
 	struct nvsim_gpu *gpu;		/* device and below */
 	union {
 		struct {
-			u64 size;		/* page aligned */
-			u64 fb_offset;
-			bool charged;
-			struct nvsim_store *store;	/* lazily, counted */
+			struct nvsim_mem *m;	/* shared by duplicates */
 			struct list_head cpumaps;
 		} mem;
 		struct {
@@ -141,6 +152,7 @@ struct nvsim_client {
 
 /* main.c */
 bool nvsim_is_own_file(struct file *file);
+void nvsim_count_rm_call(void);
 
 /* ioctl.c */
 long nvsim_ioctl(struct file *file, unsigned int cmd, unsigned long arg);
@@ -153,6 +165,7 @@ int nvsim_rm_alloc_memory(struct nvsim_file *nf, struct nvos02_with_fd *p);
 int nvsim_rm_vid_heap(struct nvsim_file *nf, struct nvos32 *p);
 int nvsim_rm_map_memory(struct nvsim_file *nf, struct nvos33_with_fd *p);
 int nvsim_rm_unmap_memory(struct nvsim_file *nf, struct nvos34 *p);
+int nvsim_rm_dup_object(struct nvsim_file *nf, struct nvos55 *p);
 void nvsim_file_free_clients(struct nvsim_file *nf);
 
 /* mmap.c */

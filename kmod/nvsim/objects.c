@@ -183,6 +183,18 @@ static u32 nvsim_obj_new(struct nvsim_client *c, struct nvsim_obj *parent,
 	return NV_OK;
 }
 
+/* Drops one handle's reference; the last returns capacity and pages. */
+static void nvsim_mem_put(struct nvsim_mem *m)
+{
+	if (!m || --m->refs)
+		return;
+	if (m->charged)
+		m->gpu->used -= m->size;
+	if (m->store)
+		nvsim_store_put(m->store);
+	kfree(m);
+}
+
 /* Frees @obj and, first, everything under it; returns their capacity. */
 static void nvsim_obj_free(struct nvsim_obj *obj)
 {
@@ -197,15 +209,12 @@ static void nvsim_obj_free(struct nvsim_obj *obj)
 	c->owner->nobjs--;
 
 	if (nvsim_is_memory(obj)) {
-		if (obj->mem.charged)
-			obj->gpu->used -= obj->mem.size;
 		list_for_each_entry_safe(map, mtmp, &obj->mem.cpumaps, node) {
 			list_del(&map->node);
 			kfree(map);
 			c->owner->nobjs--;
 		}
-		if (obj->mem.store)
-			nvsim_store_put(obj->mem.store);
+		nvsim_mem_put(obj->mem.m);
 	}
 
 	if (obj->kind != NVSIM_OBJ_CLIENT) {
@@ -290,6 +299,7 @@ static u32 nvsim_mem_alloc(struct nvsim_client *c, struct nvsim_obj *parent,
 		       hclass == NV01_MEMORY_LOCAL_PRIVILEGED;
 	struct nvsim_gpu *gpu;
 	struct nvsim_obj *obj;
+	struct nvsim_mem *m;
 	u64 sz = *size;
 	u32 st;
 
@@ -311,20 +321,28 @@ static u32 nvsim_mem_alloc(struct nvsim_client *c, struct nvsim_obj *parent,
 	if (charged && sz > gpu->capacity - gpu->used)
 		return NV_ERR_NO_MEMORY;
 
+	m = kzalloc(sizeof(*m), GFP_KERNEL);
+	if (!m)
+		return NV_ERR_NO_MEMORY;
 	st = nvsim_obj_new(c, parent, handle, hclass,
 			   virt ? NVSIM_OBJ_VIRTUAL : NVSIM_OBJ_MEMORY, &obj);
-	if (st)
+	if (st) {
+		kfree(m);
 		return st;
-	obj->mem.size = sz;
-	obj->mem.charged = charged;
+	}
+	m->refs = 1;
+	m->gpu = gpu;
+	m->size = sz;
+	m->charged = charged;
 	if (!virt) {
-		obj->mem.fb_offset = gpu->next_fb;
+		m->fb_offset = gpu->next_fb;
 		gpu->next_fb += sz;
 	}
 	if (charged)
 		gpu->used += sz;
+	obj->mem.m = m;
 	*size = sz;
-	*offset = obj->mem.fb_offset;
+	*offset = m->fb_offset;
 	if (out)
 		*out = obj;
 	return NV_OK;
@@ -459,6 +477,58 @@ int nvsim_rm_free(struct nvsim_file *nf, struct nvos00 *p)
 			p->status = NV_OK;
 		}
 	}
+	mutex_unlock(&nvsim_lock);
+	return 0;
+}
+
+/*
+ * NV_ESC_RM_DUP_OBJECT of a memory object: a new handle hObject (0: a
+ * generated one, returned) under hParent of client hClient, for the memory
+ * of hObjectSrc in client hClientSrc.  Both clients must be usable through
+ * this file; the parent must be a device or subdevice of the memory's GPU.
+ * The handles share the memory: capacity is charged once, the pages are
+ * the same, and the memory goes when the last handle is freed.  Other
+ * objects are NV_ERR_NOT_SUPPORTED here (the real RM dups most classes).
+ */
+static u32 nvsim_dup_locked(struct nvsim_file *nf, struct nvos55 *p)
+{
+	struct nvsim_client *c, *src_c;
+	struct nvsim_obj *parent, *src, *obj;
+	u32 h = p->h_object;
+	u32 st;
+
+	if (p->flags & ~NV04_DUP_HANDLE_FLAGS_REJECT_KERNEL_DUP_PRIVILEGE)
+		return NV_ERR_INVALID_FLAGS;
+	c = nvsim_client_get(nf, p->h_client);
+	src_c = nvsim_client_get(nf, p->h_client_src);
+	if (!c || !src_c)
+		return NV_ERR_INVALID_CLIENT;
+	src = nvsim_obj_get(src_c, p->h_object_src);
+	if (!src)
+		return NV_ERR_INVALID_OBJECT_HANDLE;
+	if (!nvsim_is_memory(src))
+		return NV_ERR_NOT_SUPPORTED;
+	parent = nvsim_obj_get(c, p->h_parent);
+	if (!parent || !nvsim_is_gpu_parent(parent))
+		return NV_ERR_INVALID_OBJECT_PARENT;
+	if (parent->gpu != src->gpu)
+		return NV_ERR_INVALID_ARGUMENT;
+	st = nvsim_check_handle(c, h);
+	if (st)
+		return st;
+	st = nvsim_obj_new(c, parent, &h, src->hclass, src->kind, &obj);
+	if (st)
+		return st;
+	obj->mem.m = src->mem.m;
+	obj->mem.m->refs++;
+	p->h_object = h;
+	return NV_OK;
+}
+
+int nvsim_rm_dup_object(struct nvsim_file *nf, struct nvos55 *p)
+{
+	mutex_lock(&nvsim_lock);
+	p->status = nvsim_dup_locked(nf, p);
 	mutex_unlock(&nvsim_lock);
 	return 0;
 }
@@ -787,8 +857,8 @@ static u32 nvsim_map_locked(struct nvsim_file *nf, struct nvos33_with_fd *p,
 		return NV_ERR_INVALID_ARGUMENT;
 	if (dev->gpu && dev->gpu != mem->gpu)
 		return NV_ERR_INVALID_ARGUMENT;
-	if (!p->length || p->offset >= mem->mem.size ||
-	    p->length > mem->mem.size - p->offset)
+	if (!p->length || p->offset >= mem->mem.m->size ||
+	    p->length > mem->mem.m->size - p->offset)
 		return NV_ERR_INVALID_LIMIT;
 	if (c->tgid != task_tgid_nr(current))
 		return NV_ERR_INVALID_CLIENT;
@@ -804,9 +874,9 @@ static u32 nvsim_map_locked(struct nvsim_file *nf, struct nvos33_with_fd *p,
 	if (gf->mapctx)
 		return NV_ERR_STATE_IN_USE;
 
-	if (!mem->mem.store) {
-		mem->mem.store = nvsim_store_create(mem->mem.size >> PAGE_SHIFT);
-		if (!mem->mem.store)
+	if (!mem->mem.m->store) {
+		mem->mem.m->store = nvsim_store_create(mem->mem.m->size >> PAGE_SHIFT);
+		if (!mem->mem.m->store)
 			return NV_ERR_NO_MEMORY;
 	}
 	ctx = kzalloc(sizeof(*ctx), GFP_KERNEL);
@@ -818,13 +888,13 @@ static u32 nvsim_map_locked(struct nvsim_file *nf, struct nvos33_with_fd *p,
 	}
 	start = round_down(p->offset, PAGE_SIZE);
 	end = round_up(p->offset + p->length, PAGE_SIZE);
-	nvsim_store_get(mem->mem.store);
-	ctx->store = mem->mem.store;
+	nvsim_store_get(mem->mem.m->store);
+	ctx->store = mem->mem.m->store;
 	ctx->first_page = start >> PAGE_SHIFT;
 	ctx->npages = (end - start) >> PAGE_SHIFT;
 	gf->mapctx = ctx;
 
-	map->address = nvsim_bar1_base(mem->gpu) + mem->mem.fb_offset + p->offset;
+	map->address = nvsim_bar1_base(mem->gpu) + mem->mem.m->fb_offset + p->offset;
 	list_add_tail(&map->node, &mem->mem.cpumaps);
 	c->owner->nobjs++;
 	p->p_linear_address = map->address;

@@ -13,6 +13,7 @@
 #include <linux/file.h>
 #include <linux/fs.h>
 #include <linux/mm.h>
+#include <linux/mman.h>
 #include <linux/namei.h>
 #include <linux/poll.h>
 #include <linux/sched.h>
@@ -114,11 +115,58 @@ static void *vgpu_copy_data(const struct vgpu_rule *r, const void *params,
 	return NULL;
 }
 
-/* After an allowed call: report params and data as the driver left them. */
-static void vgpu_post(struct vgpu_ctx *ctx, const struct vgpu_call *c,
-		      const struct vgpu_rule *r, struct vgpu_upcall_msg *m,
-		      void *params, void *data, long ret)
+/**
+ * struct vgpu_slow - the buffers of one slow-path call
+ * @params: the params as sent in the IOCTL upcall (@m.params_len bytes)
+ * @data: the rule's buffer as sent (@m.data_len bytes), or NULL
+ * @dptr: where @data lies in the caller's memory, as the daemon saw it
+ * @reply: @m.params_len + @m.data_len bytes for a REPLY's blocks, or NULL
+ * @m: the upcall
+ */
+struct vgpu_slow {
+	void *params;
+	void *data;
+	u64 dptr;
+	void *reply;
+	struct vgpu_upcall_msg m;
+};
+
+/* Writes what a REPLY filled over the caller's params and buffer. */
+static long vgpu_reply_write(const struct vgpu_call *c,
+			     const struct vgpu_slow *s)
 {
+	const struct vgpu_upcall_msg *m = &s->m;
+
+	if ((m->replied & VGPU_REPLIED_PARAMS) &&
+	    copy_to_user(c->params, m->reply_params, m->params_len))
+		return -EFAULT;
+	if ((m->replied & VGPU_REPLIED_DATA) &&
+	    copy_to_user(u64_to_user_ptr(s->dptr), m->reply_data, m->data_len))
+		return -EFAULT;
+	return 0;
+}
+
+/*
+ * Reads params and data again as the driver left them, into the buffers
+ * of the IOCTL upcall (no longer needed); a block that cannot be read is
+ * left out of @m, so that a REPLY cannot name it.
+ */
+static void vgpu_reread(const struct vgpu_call *c, struct vgpu_slow *s)
+{
+	struct vgpu_upcall_msg *m = &s->m;
+
+	if (m->params && copy_from_user(s->params, c->params, m->params_len))
+		m->params = NULL;
+	if (m->data && copy_from_user(s->data, u64_to_user_ptr(s->dptr),
+				      m->data_len))
+		m->data = NULL;
+}
+
+/* After an allowed call: report params and data as the driver left them. */
+static void vgpu_post_event(struct vgpu_ctx *ctx, const struct vgpu_call *c,
+			    struct vgpu_slow *s, long ret)
+{
+	struct vgpu_upcall_msg *m = &s->m;
 	struct vgpu_event ev = {
 		.ctx_id = ctx->id,
 		.upcall_id = m->hdr.id,
@@ -126,60 +174,87 @@ static void vgpu_post(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 		.nr = c->nr,
 		.ret = ret,
 	};
-	u64 ptr;
 
-	if (params && copy_from_user(params, c->params, m->params_len))
-		params = NULL;
-	if (data) {
-		/* The pointer as the daemon saw it, not as it is now. */
-		ptr = get_unaligned((const u64 *)(m->params + r->ptr_off));
-		if (copy_from_user(data, u64_to_user_ptr(ptr), m->data_len))
-			data = NULL;
-	}
-	vgpu_event(&ev, params, params ? m->params_len : 0,
-		   data, data ? m->data_len : 0);
+	vgpu_reread(c, s);
+	vgpu_event(&ev, m->params, m->params ? m->params_len : 0,
+		   m->data, m->data ? m->data_len : 0);
+}
+
+/*
+ * After a call allowed with VGPU_VERDICT_F_POST: a POST upcall with the
+ * same id, the driver's results and @ret. ALLOW keeps them, REPLY replaces
+ * them (the call returns 0). Without a verdict the call has still happened:
+ * its results stay, whatever the fail policy; vgpu_upcall() counted why.
+ */
+static long vgpu_post_upcall(const struct vgpu_call *c, struct vgpu_slow *s,
+			     long ret)
+{
+	struct vgpu_upcall_msg *m = &s->m;
+	struct vgpu_verdict v;
+	int out;
+
+	vgpu_reread(c, s);
+	m->hdr.kind = VGPU_UPCALL_POST;
+	m->hdr.ret = ret;
+	m->hdr.caller_pid = task_pid_nr(current);
+	m->hdr.caller_tgid = task_tgid_nr(current);
+	out = vgpu_upcall(m, &v);
+	if (out != VGPU_OUT_VERDICT || v.action != VGPU_VERDICT_REPLY)
+		return ret;
+	return vgpu_reply_write(c, s);
 }
 
 static long vgpu_ioctl_slow(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 			    u32 copy_size)
 {
-	struct vgpu_upcall_msg m;
+	struct vgpu_slow s = {};
+	struct vgpu_upcall_msg *m = &s.m;
 	struct vgpu_verdict v;
 	struct vgpu_rule r;
-	void *params = NULL, *data = NULL, *post = NULL;
 	u32 eff = 0;
 	long ret;
 	int out;
 
 	if (copy_size) {
-		params = kvmalloc(copy_size, GFP_KERNEL);
-		if (!params)
+		s.params = kvmalloc(copy_size, GFP_KERNEL);
+		if (!s.params)
 			return -ENOMEM;
-		if (copy_from_user(params, c->params, copy_size)) {
+		if (copy_from_user(s.params, c->params, copy_size)) {
 			ret = -EFAULT;
 			goto out;
 		}
 	}
-	if (!vgpu_filter_match(c->node, c->nr, copy_size, params, &r, &eff)) {
+	if (!vgpu_filter_match(c->node, c->nr, copy_size, s.params, &r, &eff)) {
 		ret = vgpu_forward(ctx, c);
 		goto out;
 	}
 
-	vgpu_msg_init(&m, ctx, VGPU_UPCALL_IOCTL);
-	m.hdr.cmd = c->cmd;
-	m.hdr.nr = c->nr;
-	m.hdr.flags = c->flags;
-	m.params = eff ? params : NULL;
-	m.params_len = eff;
+	vgpu_msg_init(m, ctx, VGPU_UPCALL_IOCTL);
+	m->hdr.cmd = c->cmd;
+	m->hdr.nr = c->nr;
+	m->hdr.flags = c->flags;
+	m->params = eff ? s.params : NULL;
+	m->params_len = eff;
 	/* A rule for any size may name offsets beyond this call's params. */
 	if (r.ptr_off != VGPU_OFF_NONE &&
 	    (eff < sizeof(u64) || r.ptr_off > eff - sizeof(u64) ||
 	     r.len_off > eff - sizeof(u32)))
 		r.ptr_off = VGPU_OFF_NONE;
-	data = vgpu_copy_data(&r, params, &m.data_len, &m.hdr.flags);
-	m.data = data;
+	s.data = vgpu_copy_data(&r, s.params, &m->data_len, &m->hdr.flags);
+	m->data = s.data;
+	if (s.data)
+		s.dptr = get_unaligned((const u64 *)(s.params + r.ptr_off));
+	if (eff || s.data) {
+		s.reply = kvmalloc((size_t)eff + m->data_len, GFP_KERNEL);
+		if (!s.reply) {
+			ret = -ENOMEM;
+			goto out;
+		}
+		m->reply_params = eff ? s.reply : NULL;
+		m->reply_data = s.data ? s.reply + eff : NULL;
+	}
 
-	out = vgpu_upcall(&m, &v);
+	out = vgpu_upcall(m, &v);
 	if (out < 0) {
 		ret = out;
 		goto out;
@@ -191,12 +266,10 @@ static long vgpu_ioctl_slow(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 	switch (v.action) {
 	case VGPU_VERDICT_ALLOW:
 		ret = vgpu_forward(ctx, c);
-		if (eff) {
-			post = kvmalloc(eff, GFP_KERNEL);
-			if (!post)
-				break;
-		}
-		vgpu_post(ctx, c, &r, &m, post, data, ret);
+		if (v.flags & VGPU_VERDICT_F_POST)
+			ret = vgpu_post_upcall(c, &s, ret);
+		else
+			vgpu_post_event(ctx, c, &s, ret);
 		break;
 	case VGPU_VERDICT_DENY:
 		ret = -(long)v.error;
@@ -208,13 +281,17 @@ static long vgpu_ioctl_slow(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 			     (u32 __user *)(c->params + v.status_off)))
 			ret = -EFAULT;
 		break;
+	case VGPU_VERDICT_REPLY:
+		/* Checked against the upcall: blocks as long as those sent. */
+		ret = vgpu_reply_write(c, &s);
+		break;
 	default:
 		ret = -EIO;	/* unreachable: verdicts are validated */
 	}
 out:
-	kvfree(post);
-	kvfree(data);
-	kvfree(params);
+	kvfree(s.reply);
+	kvfree(s.data);
+	kvfree(s.params);
 	return ret;
 }
 
@@ -332,7 +409,7 @@ static int vgpu_open(struct inode *inode, struct file *file)
 	}
 	ctx->backing = backing;
 
-	if (vgpu_filter_wants_open()) {
+	if (vgpu_filter_wants(VGPU_FILTER_OPEN)) {
 		err = vgpu_open_upcall(ctx);
 		if (err)
 			goto err_put_backing;
@@ -365,13 +442,59 @@ static int vgpu_release(struct inode *inode, struct file *file)
 	return 0;
 }
 
+/*
+ * MMAP upcall of a nvidia-uvm mapping (VGPU_FILTER_UVM_MMAP). Runs under the
+ * caller's mmap_lock, held for writing: other threads of the caller that
+ * fault or map wait for the verdict too, at most upcall_timeout_ms (the
+ * wait is killable). The daemon never touches the caller's memory, so the
+ * verdict cannot wait for this lock.
+ */
+static int vgpu_mmap_upcall(struct vgpu_ctx *ctx, struct vm_area_struct *vma)
+{
+	struct vgpu_mmap_params p = {
+		.pgoff = vma->vm_pgoff,
+		.length = vma->vm_end - vma->vm_start,
+		.flags = (vma->vm_flags & VM_MAYSHARE) ? MAP_SHARED :
+							 MAP_PRIVATE,
+	};
+	struct vgpu_upcall_msg m;
+	struct vgpu_verdict v;
+	int out;
+
+	/* The uapi's values of flags are the x86-64 ones. */
+	BUILD_BUG_ON(MAP_SHARED != 1 || MAP_PRIVATE != 2);
+	if (vma->vm_flags & VM_READ)
+		p.prot |= PROT_READ;
+	if (vma->vm_flags & VM_WRITE)
+		p.prot |= PROT_WRITE;
+	if (vma->vm_flags & VM_EXEC)
+		p.prot |= PROT_EXEC;
+	vgpu_msg_init(&m, ctx, VGPU_UPCALL_MMAP);
+	m.params = &p;
+	m.params_len = sizeof(p);
+	out = vgpu_upcall(&m, &v);
+	if (out < 0)
+		return out;
+	if (out == VGPU_OUT_FORWARD)
+		return 0;
+	/* Only ALLOW and DENY fit an MMAP upcall. */
+	return v.action == VGPU_VERDICT_DENY ? -(int)v.error : 0;
+}
+
 static int vgpu_mmap(struct file *file, struct vm_area_struct *vma)
 {
 	struct vgpu_ctx *ctx = file->private_data;
 	struct file *b = ctx->backing;
+	int err;
 
 	if (!b->f_op->mmap)
 		return -ENODEV;
+	if (ctx->node->kind == VGPU_NODE_UVM &&
+	    vgpu_filter_wants(VGPU_FILTER_UVM_MMAP)) {
+		err = vgpu_mmap_upcall(ctx, vma);
+		if (err)
+			return err;
+	}
 	vma_set_file(vma, b);
 	vgpu_count(&vgpu_counters.mmaps);
 	return call_mmap(b, vma);

@@ -13,7 +13,8 @@
 
 static const struct nla_policy vgpu_nl_policy[VGPU_A_MAX + 1] = {
 	[VGPU_A_VERSION]	= { .type = NLA_U32 },
-	[VGPU_A_FILTER_FLAGS]	= NLA_POLICY_MASK(NLA_U32, VGPU_FILTER_OPEN),
+	[VGPU_A_FILTER_FLAGS]	= NLA_POLICY_MASK(NLA_U32, VGPU_FILTER_OPEN |
+						  VGPU_FILTER_UVM_MMAP),
 	[VGPU_A_RULES]		= { .type = NLA_BINARY,
 				    .len = VGPU_RULES_MAX *
 					   sizeof(struct vgpu_rule) },
@@ -152,8 +153,15 @@ nospace:
 	return -EMSGSIZE;
 }
 
+/*
+ * VERDICT: the header, and for a REPLY the blocks. The blocks stay in the
+ * message; vgpu_verdict() copies them into the waiter's buffers.
+ */
 static int vgpu_nl_verdict(struct sk_buff *skb, struct genl_info *info)
 {
+	const struct nlattr *params = info->attrs[VGPU_A_PARAMS];
+	const struct nlattr *data = info->attrs[VGPU_A_DATA];
+	struct vgpu_blocks b = {};
 	struct vgpu_verdict v;
 	const char *why = NULL;
 	int err;
@@ -161,7 +169,15 @@ static int vgpu_nl_verdict(struct sk_buff *skb, struct genl_info *info)
 	if (GENL_REQ_ATTR_CHECK(info, VGPU_A_VERDICT))
 		return -EINVAL;
 	memcpy(&v, nla_data(info->attrs[VGPU_A_VERDICT]), sizeof(v));
-	err = vgpu_verdict(genl_info_net(info), info->snd_portid, &v, &why);
+	if (params) {
+		b.params = nla_data(params);
+		b.params_len = nla_len(params);
+	}
+	if (data) {
+		b.data = nla_data(data);
+		b.data_len = nla_len(data);
+	}
+	err = vgpu_verdict(genl_info_net(info), info->snd_portid, &v, &b, &why);
 	if (err && why)
 		vgpu_extack(info->extack, info->attrs[VGPU_A_VERDICT], why);
 	return err;

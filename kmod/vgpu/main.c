@@ -38,10 +38,15 @@ static void __init vgpu_check_abi(void)
 	BUILD_BUG_ON(offsetof(struct vgpu_upcall, kind) != 24);
 	BUILD_BUG_ON(offsetof(struct vgpu_upcall, flags) != 44);
 	BUILD_BUG_ON(offsetof(struct vgpu_upcall, caller_tgid) != 68);
-	BUILD_BUG_ON(offsetof(struct vgpu_upcall, reserved) != 72);
-	BUILD_BUG_ON(sizeof(struct vgpu_verdict) != 24);
+	BUILD_BUG_ON(offsetof(struct vgpu_upcall, ret) != 72);
+	BUILD_BUG_ON(offsetof(struct vgpu_upcall, reserved) != 76);
+	BUILD_BUG_ON(sizeof(struct vgpu_verdict) != 32);
 	BUILD_BUG_ON(offsetof(struct vgpu_verdict, action) != 8);
 	BUILD_BUG_ON(offsetof(struct vgpu_verdict, status_off) != 20);
+	BUILD_BUG_ON(offsetof(struct vgpu_verdict, flags) != 24);
+	BUILD_BUG_ON(offsetof(struct vgpu_verdict, reserved) != 28);
+	BUILD_BUG_ON(sizeof(struct vgpu_mmap_params) != 24);
+	BUILD_BUG_ON(offsetof(struct vgpu_mmap_params, prot) != 16);
 	BUILD_BUG_ON(sizeof(struct vgpu_event) != 32);
 	BUILD_BUG_ON(offsetof(struct vgpu_event, kind) != 16);
 	BUILD_BUG_ON(offsetof(struct vgpu_event, ret) != 24);

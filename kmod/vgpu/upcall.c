@@ -27,16 +27,31 @@
  * struct vgpu_req - one upcall waiting for its verdict (on the waiter's stack)
  * @node: link in vgpu_daemon.pending; empty once the request is owned
  * @id: the upcall id
- * @params_len: size of the params sent, bounds FAIL_STATUS's offset
+ * @kind: enum vgpu_upcall_kind, decides which verdicts fit
+ * @params_len: size of the params sent (0: none), bounds FAIL_STATUS's
+ *	offset and is the exact size of a REPLY's PARAMS
+ * @data_len: size of the data sent (0: none), exact size of a REPLY's DATA
+ * @reply_params: @params_len bytes of the waiter's, filled by a REPLY
+ * @reply_data: @data_len bytes of the waiter's, filled by a REPLY
+ * @replied: VGPU_REPLIED_* bits, what a REPLY filled
  * @done: completed, under the lock, by whoever unlinks @node other than
  *	the waiter
  * @err: 0: @verdict holds the daemon's answer; else the fail-policy errno
  * @verdict: the daemon's answer
+ *
+ * The reply buffers are allocated by the waiter before the upcall is sent
+ * and only written by the verdict handler while it owns the request, so the
+ * handler never allocates and never writes past what the waiter sent.
  */
 struct vgpu_req {
 	struct list_head node;
 	u64 id;
+	u32 kind;
 	u32 params_len;
+	u32 data_len;
+	void *reply_params;
+	void *reply_data;
+	u32 replied;
 	struct completion done;
 	int err;
 	struct vgpu_verdict verdict;
@@ -162,11 +177,14 @@ static struct net *vgpu_daemon_get(u32 *portid)
 
 /*
  * The call got no verdict: apply the fail policy. Returns VGPU_OUT_FORWARD
- * (fail-open) or @err (fail-closed).
+ * (fail-open) or @err (fail-closed). A POST upcall follows a call that has
+ * happened: no policy applies, its caller keeps the driver's results.
  */
-static int vgpu_fail_policy(u64 id, int err)
+static int vgpu_fail_policy(const struct vgpu_req *req, int err)
 {
-	trace_vgpu_upcall_verdict(id, 0, err);
+	trace_vgpu_upcall_verdict(req->id, 0, err);
+	if (req->kind == VGPU_UPCALL_POST)
+		return err;
 	if (READ_ONCE(vgpu_fail_open)) {
 		vgpu_count(&vgpu_counters.fail_open);
 		return VGPU_OUT_FORWARD;
@@ -190,23 +208,29 @@ static bool vgpu_req_claim(struct vgpu_req *req)
 }
 
 /* The outcome set by whoever completed @req (we did not own it). */
-static int vgpu_req_result(struct vgpu_req *req, struct vgpu_verdict *v)
+static int vgpu_req_result(struct vgpu_req *req, struct vgpu_upcall_msg *msg,
+			   struct vgpu_verdict *v)
 {
 	if (req->err)
-		return vgpu_fail_policy(req->id, req->err);
+		return vgpu_fail_policy(req, req->err);
 	*v = req->verdict;
+	msg->replied = req->replied;
 	return VGPU_OUT_VERDICT;
 }
 
 /**
  * vgpu_upcall - send an upcall and wait for its verdict
- * @msg: the upcall; @msg->hdr.id is assigned here
+ * @msg: the upcall; @msg->hdr.id is assigned here unless set (a POST upcall
+ *	keeps the id of the IOCTL upcall it follows: that one has left the
+ *	pending table, so one id is never pending twice); @msg->reply_*
+ *	receive a REPLY's blocks and @msg->replied says which
  * @v: the verdict, when VGPU_OUT_VERDICT is returned
  *
  * Sleeps killable for at most upcall_timeout_ms. Errors of the fail-closed
  * policy: -EHOSTDOWN when no daemon is registered, its socket is gone or
  * the upcall could not be sent; -ETIMEDOUT when no verdict came in time.
- * A fatal signal returns -EINTR.
+ * A fatal signal returns -EINTR. A POST upcall returns these errors
+ * whatever the policy.
  *
  * Return: VGPU_OUT_VERDICT, VGPU_OUT_FORWARD or a negative errno.
  */
@@ -220,20 +244,25 @@ int vgpu_upcall(struct vgpu_upcall_msg *msg, struct vgpu_verdict *v)
 	long left;
 	int err;
 
-	req.id = atomic64_inc_return(&vgpu_upcall_ids);
-	req.params_len = msg->params_len;
+	req.id = msg->hdr.id ? msg->hdr.id : atomic64_inc_return(&vgpu_upcall_ids);
+	req.kind = msg->hdr.kind;
+	req.params_len = msg->params ? msg->params_len : 0;
+	req.data_len = msg->data ? msg->data_len : 0;
+	req.reply_params = msg->reply_params;
+	req.reply_data = msg->reply_data;
+	msg->replied = 0;
 	INIT_LIST_HEAD(&req.node);
 	init_completion(&req.done);
 	msg->hdr.id = req.id;
 
 	if (!vgpu_daemon_portid()) {
 		vgpu_count(&vgpu_counters.lost);
-		return vgpu_fail_policy(req.id, -EHOSTDOWN);
+		return vgpu_fail_policy(&req, -EHOSTDOWN);
 	}
 	skb = vgpu_genl_upcall_skb(msg);
 	if (!skb) {
 		vgpu_count(&vgpu_counters.lost);
-		return vgpu_fail_policy(req.id, -EHOSTDOWN);
+		return vgpu_fail_policy(&req, -EHOSTDOWN);
 	}
 
 	/* Link before sending: the verdict may arrive before send returns. */
@@ -248,7 +277,7 @@ int vgpu_upcall(struct vgpu_upcall_msg *msg, struct vgpu_verdict *v)
 	if (!net) {
 		kfree_skb(skb);
 		vgpu_count(&vgpu_counters.lost);
-		return vgpu_fail_policy(req.id, -EHOSTDOWN);
+		return vgpu_fail_policy(&req, -EHOSTDOWN);
 	}
 
 	trace_vgpu_upcall_send(req.id, msg->hdr.ctx_id, msg->hdr.kind,
@@ -257,9 +286,9 @@ int vgpu_upcall(struct vgpu_upcall_msg *msg, struct vgpu_verdict *v)
 	put_net(net);
 	if (err) {
 		if (!vgpu_req_claim(&req))
-			return vgpu_req_result(&req, v);
+			return vgpu_req_result(&req, msg, v);
 		vgpu_count(&vgpu_counters.lost);
-		return vgpu_fail_policy(req.id, -EHOSTDOWN);
+		return vgpu_fail_policy(&req, -EHOSTDOWN);
 	}
 	vgpu_count(&vgpu_counters.upcalls);
 
@@ -271,24 +300,112 @@ int vgpu_upcall(struct vgpu_upcall_msg *msg, struct vgpu_verdict *v)
 	 * touches @req any more and its outcome is set.
 	 */
 	if (!vgpu_req_claim(&req))
-		return vgpu_req_result(&req, v);
+		return vgpu_req_result(&req, msg, v);
 	if (left < 0) {
 		vgpu_count(&vgpu_counters.killed);
 		trace_vgpu_upcall_verdict(req.id, 0, -EINTR);
 		return -EINTR;
 	}
 	vgpu_count(&vgpu_counters.timeouts);
-	return vgpu_fail_policy(req.id, -ETIMEDOUT);
+	return vgpu_fail_policy(&req, -ETIMEDOUT);
 }
 
-static int vgpu_verdict_check(const struct vgpu_req *req,
-			      const struct vgpu_verdict *v)
+/* Checks of a verdict on its own, before its upcall is looked up. */
+static int vgpu_verdict_check(const struct vgpu_verdict *v,
+			      const struct vgpu_blocks *b, const char **why)
 {
-	if (v->action == VGPU_VERDICT_FAIL_STATUS &&
-	    (req->params_len < sizeof(u32) ||
-	     v->status_off > req->params_len - sizeof(u32)))
+	if (v->reserved) {
+		*why = "verdict reserved must be 0";
 		return -EINVAL;
+	}
+	if (v->flags & ~VGPU_VERDICT_F_POST) {
+		*why = "unknown verdict flags";
+		return -EINVAL;
+	}
+	if ((v->flags & VGPU_VERDICT_F_POST) && v->action != VGPU_VERDICT_ALLOW) {
+		*why = "VGPU_VERDICT_F_POST needs the action ALLOW";
+		return -EINVAL;
+	}
+	switch (v->action) {
+	case VGPU_VERDICT_ALLOW:
+	case VGPU_VERDICT_FAIL_STATUS:
+	case VGPU_VERDICT_REPLY:
+		if (v->error) {
+			*why = "error must be 0 unless the action is DENY";
+			return -EINVAL;
+		}
+		break;
+	case VGPU_VERDICT_DENY:
+		if (v->error < 1 || v->error > MAX_ERRNO) {
+			*why = "DENY error must be in 1..4095";
+			return -EINVAL;
+		}
+		break;
+	default:
+		*why = "unknown verdict action";
+		return -EINVAL;
+	}
+	if (v->action == VGPU_VERDICT_REPLY && !b->params && !b->data) {
+		*why = "REPLY carries no PARAMS and no DATA";
+		return -EINVAL;
+	}
+	if (v->action != VGPU_VERDICT_REPLY && (b->params || b->data)) {
+		*why = "only a REPLY verdict carries PARAMS or DATA";
+		return -EINVAL;
+	}
 	return 0;
+}
+
+/* Does @v fit the upcall @req? Caller holds vgpu_daemon.lock. */
+static int vgpu_verdict_fits(const struct vgpu_req *req,
+			     const struct vgpu_verdict *v,
+			     const struct vgpu_blocks *b, const char **why)
+{
+	switch (v->action) {
+	case VGPU_VERDICT_ALLOW:
+		if ((v->flags & VGPU_VERDICT_F_POST) &&
+		    req->kind != VGPU_UPCALL_IOCTL) {
+			*why = "VGPU_VERDICT_F_POST only answers an IOCTL upcall";
+			return -EINVAL;
+		}
+		return 0;
+	case VGPU_VERDICT_DENY:
+		if (req->kind == VGPU_UPCALL_POST) {
+			*why = "a POST upcall is answered by ALLOW or REPLY";
+			return -EINVAL;
+		}
+		return 0;
+	case VGPU_VERDICT_FAIL_STATUS:
+		if (req->kind != VGPU_UPCALL_IOCTL) {
+			*why = "FAIL_STATUS only answers an IOCTL upcall";
+			return -EINVAL;
+		}
+		if (req->params_len < sizeof(u32) ||
+		    v->status_off > req->params_len - sizeof(u32)) {
+			*why = "FAIL_STATUS status_off + 4 exceeds the params size";
+			return -EINVAL;
+		}
+		return 0;
+	case VGPU_VERDICT_REPLY:
+		if (req->kind != VGPU_UPCALL_IOCTL &&
+		    req->kind != VGPU_UPCALL_POST) {
+			*why = "REPLY only answers an IOCTL or POST upcall";
+			return -EINVAL;
+		}
+		if (b->params && (!req->params_len || !req->reply_params ||
+				  b->params_len != req->params_len)) {
+			*why = "REPLY PARAMS must be as long as the PARAMS sent";
+			return -EINVAL;
+		}
+		if (b->data && (!req->data_len || !req->reply_data ||
+				b->data_len != req->data_len)) {
+			*why = "REPLY DATA must be as long as the DATA sent";
+			return -EINVAL;
+		}
+		return 0;
+	default:
+		return -EINVAL;	/* unreachable: vgpu_verdict_check() */
+	}
 }
 
 /**
@@ -296,37 +413,25 @@ static int vgpu_verdict_check(const struct vgpu_req *req,
  * @net: the sender's net
  * @portid: the sender's port
  * @v: the verdict
+ * @b: the blocks of a REPLY (pointers into the message, NULL when absent)
  * @why: set to a message for the sender on error
+ *
+ * A REPLY's blocks are copied into the buffers the waiter allocated before
+ * sending, under the lock and only while the request is pending, so the
+ * waiter sees them complete or not at all.
  *
  * Return: 0; -EPERM when the sender is not the registered daemon; -EINVAL
  * for a malformed verdict (the waiter is untouched); -ENOENT when the
  * upcall is unknown or already complete.
  */
 int vgpu_verdict(struct net *net, u32 portid, const struct vgpu_verdict *v,
-		 const char **why)
+		 const struct vgpu_blocks *b, const char **why)
 {
 	struct vgpu_req *req;
 	bool found = false;
-	int err = 0;
+	int err;
 
-	switch (v->action) {
-	case VGPU_VERDICT_ALLOW:
-	case VGPU_VERDICT_FAIL_STATUS:
-		if (v->error) {
-			*why = "error must be 0 unless the action is DENY";
-			err = -EINVAL;
-		}
-		break;
-	case VGPU_VERDICT_DENY:
-		if (v->error < 1 || v->error > MAX_ERRNO) {
-			*why = "DENY error must be in 1..4095";
-			err = -EINVAL;
-		}
-		break;
-	default:
-		*why = "unknown verdict action";
-		err = -EINVAL;
-	}
+	err = vgpu_verdict_check(v, b, why);
 
 	spin_lock(&vgpu_daemon.lock);
 	if (!vgpu_daemon_match_locked(net, portid)) {
@@ -336,6 +441,7 @@ int vgpu_verdict(struct net *net, u32 portid, const struct vgpu_verdict *v,
 	}
 	if (err)
 		goto bad;
+	/* At most one request per id is pending (see vgpu_upcall()). */
 	list_for_each_entry(req, &vgpu_daemon.pending, node) {
 		if (req->id == v->id) {
 			found = true;
@@ -348,12 +454,19 @@ int vgpu_verdict(struct net *net, u32 portid, const struct vgpu_verdict *v,
 		*why = "no such pending upcall (completed, timed out or unknown)";
 		return -ENOENT;
 	}
-	err = vgpu_verdict_check(req, v);
-	if (err) {
-		*why = "FAIL_STATUS status_off + 4 exceeds the params size";
+	err = vgpu_verdict_fits(req, v, b, why);
+	if (err)
 		goto bad;
-	}
 	list_del_init(&req->node);
+	req->replied = 0;
+	if (b->params) {
+		memcpy(req->reply_params, b->params, b->params_len);
+		req->replied |= VGPU_REPLIED_PARAMS;
+	}
+	if (b->data) {
+		memcpy(req->reply_data, b->data, b->data_len);
+		req->replied |= VGPU_REPLIED_DATA;
+	}
 	req->verdict = *v;
 	req->err = 0;
 	complete(&req->done);
@@ -512,14 +625,15 @@ int vgpu_filter_set(u32 flags, const void *rules, u32 n_rules,
 	return 0;
 }
 
-bool vgpu_filter_wants_open(void)
+/* Does the filter have all VGPU_FILTER_* bits of @flag? */
+bool vgpu_filter_wants(u32 flag)
 {
 	struct vgpu_filter *f;
 	bool wants;
 
 	rcu_read_lock();
 	f = rcu_dereference(vgpu_filter);
-	wants = f && (f->flags & VGPU_FILTER_OPEN);
+	wants = f && (f->flags & flag) == flag;
 	rcu_read_unlock();
 	return wants;
 }

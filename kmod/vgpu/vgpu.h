@@ -11,6 +11,7 @@
 #include <linux/fs.h>
 #include <linux/rcupdate.h>
 #include <linux/bitmap.h>
+#include <linux/bits.h>
 #include <uapi/linux/vgpu.h>
 
 struct net;
@@ -159,6 +160,22 @@ enum vgpu_outcome {
 	VGPU_OUT_FORWARD,	/* no answer; fail-open says forward */
 };
 
+/* What a REPLY verdict filled, struct vgpu_upcall_msg.replied */
+#define VGPU_REPLIED_PARAMS	BIT(0)
+#define VGPU_REPLIED_DATA	BIT(1)
+
+/**
+ * struct vgpu_upcall_msg - one upcall as its sender builds it
+ * @hdr: the header; @hdr.id 0 asks vgpu_upcall() for a new id
+ * @params: the params block sent, or NULL
+ * @params_len: its length
+ * @data: the rule's buffer sent, or NULL
+ * @data_len: its length
+ * @cgroup: OPEN: the opener's cgroup path, or NULL
+ * @reply_params: NULL, or @params_len bytes that a REPLY fills
+ * @reply_data: NULL, or @data_len bytes that a REPLY fills
+ * @replied: out: VGPU_REPLIED_* of the verdict returned
+ */
 struct vgpu_upcall_msg {
 	struct vgpu_upcall hdr;
 	const void *params;
@@ -166,11 +183,28 @@ struct vgpu_upcall_msg {
 	const void *data;
 	u32 data_len;
 	const char *cgroup;
+	void *reply_params;
+	void *reply_data;
+	u32 replied;
+};
+
+/**
+ * struct vgpu_blocks - the blocks a REPLY verdict carries (netlink payload)
+ * @params: VGPU_A_PARAMS, or NULL
+ * @params_len: its length
+ * @data: VGPU_A_DATA, or NULL
+ * @data_len: its length
+ */
+struct vgpu_blocks {
+	const void *params;
+	u32 params_len;
+	const void *data;
+	u32 data_len;
 };
 
 int vgpu_upcall(struct vgpu_upcall_msg *msg, struct vgpu_verdict *v);
 int vgpu_verdict(struct net *net, u32 portid, const struct vgpu_verdict *v,
-		 const char **why);
+		 const struct vgpu_blocks *b, const char **why);
 void vgpu_event(const struct vgpu_event *ev, const void *params, u32 plen,
 		const void *data, u32 dlen);
 int vgpu_daemon_register(struct net *net, u32 portid);
@@ -181,7 +215,7 @@ void vgpu_upcall_exit(void);
 
 int vgpu_filter_set(u32 flags, const void *rules, u32 n_rules,
 		    const char **why);
-bool vgpu_filter_wants_open(void);
+bool vgpu_filter_wants(u32 flag);
 bool vgpu_filter_candidates(u32 node, u32 nr, u32 *size);
 bool vgpu_filter_match(u32 node, u32 nr, u32 size, const void *params,
 		       struct vgpu_rule *out, u32 *eff);

@@ -22,6 +22,7 @@ import stat
 import struct
 import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 from nvsim_fixtures import nvclient as nv
@@ -35,6 +36,7 @@ FB_ALL = [nv.FB_RAM_SIZE, nv.FB_TOTAL_RAM_SIZE, nv.FB_HEAP_SIZE, nv.FB_HEAP_FREE
           nv.FB_USABLE_RAM_SIZE]
 BAD_PTR = 0xDEAD000000000000  # non-canonical
 KERNEL_PTR = 0xFFFFFFFF81000000
+PARAMS = Path("/sys/module/nvsim/parameters")
 
 
 @pytest.fixture(scope="module")
@@ -628,17 +630,143 @@ def test_uvm(nvsim_env):
         assert nv.raw_ioctl(u, 0x30000002, nv.cbuf(16)) == errno.EINVAL
         assert nv.raw_ioctl(u, nv.ioc(nv.ESC_RM_ALLOC, 32), nv.cbuf(32)) == errno.EINVAL
         assert nv.raw_ioctl(u, nv.UVM_INITIALIZE, BAD_PTR) == errno.EFAULT
-        with pytest.raises(OSError) as ex:
-            mmap.mmap(u, PAGE, mmap.MAP_SHARED, mmap.PROT_READ)
-        assert ex.value.errno == errno.ENODEV
     finally:
         os.close(u)
 
 
+def test_uvm_mmap(nvsim_env):
+    """nvidia-uvm maps zeroed pages of its own per mapping, MAP_SHARED only."""
+    u = nvsim_env.nodes.open_uvm()
+    try:
+        rw = mmap.PROT_READ | mmap.PROT_WRITE
+        a = mmap.mmap(u, 4 * PAGE, mmap.MAP_SHARED, rw)
+        b = mmap.mmap(u, PAGE, mmap.MAP_SHARED, rw, offset=PAGE)
+        assert a[:] == bytes(4 * PAGE) and b[:] == bytes(PAGE)
+        a[PAGE:PAGE + 3] = b"uvm"
+        assert b[:3] == bytes(3)  # not shared between mappings
+        pid = os.fork()
+        if pid == 0:  # the child's copy shares the pages
+            a[0:5] = b"child"
+            os._exit(0)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        assert a[0:5] == b"child" and a[PAGE:PAGE + 3] == b"uvm"
+        a.close()
+        b.close()
+        with pytest.raises(OSError) as ex:
+            mmap.mmap(u, PAGE, mmap.MAP_PRIVATE, rw)
+        assert ex.value.errno == errno.EINVAL
+        backing = int((PARAMS / "backing_mib").read_text()) * MIB
+        with pytest.raises(OSError) as ex:
+            mmap.mmap(u, backing + PAGE, mmap.MAP_SHARED, rw)
+        assert ex.value.errno == errno.ENOMEM
+        ctl = nvsim_env.nodes.open_ctl()
+        try:
+            with pytest.raises(OSError) as ex:
+                mmap.mmap(ctl, PAGE, mmap.MAP_SHARED, rw)
+            assert ex.value.errno == errno.ENODEV
+        finally:
+            os.close(ctl)
+    finally:
+        os.close(u)
+
+
+def test_rm_calls_counter(nvsim_env, ctl):
+    first = nv.rm_calls()
+    nv.check_version(ctl)
+    assert nv.rm_calls() == first + 1
+    assert nv.raw_ioctl(ctl, nv.ioc(0x99, 8), nv.cbuf(8)) == errno.EINVAL  # refused, counted
+    assert nv.rm_calls() == first + 2
+    with pytest.raises(OSError):
+        (PARAMS / "rm_calls").write_text("0")
+
+
+# ---- RM_DUP_OBJECT ----
+
+def test_dup_object_shares_memory(nvsim_env, ctl, fds):
+    t = nv.build_tree(ctl)
+    part = 64 * MIB
+    free0 = heap_free(ctl, t)
+    hm = nv.alloc_memory(ctl, t.client, t.device, part).handle
+    assert heap_free(ctl, t) == free0 - part // 1024
+    e, st, h2 = nv.rm_dup_object(ctl, t.client, t.device, 0, t.client, hm)
+    assert (e, st) == (0, nv.NV_OK) and h2 not in (0, hm)
+    assert heap_free(ctl, t) == free0 - part // 1024  # charged once
+    # A chosen handle, from another client of the same file, under the subdevice.
+    c2 = nv.alloc_client(ctl)
+    d2 = nv.alloc_device(ctl, c2, 0)
+    assert nv.rm_dup_object(ctl, c2, d2, 0x1234, t.client, h2) == (0, nv.NV_OK, 0x1234)
+    assert nv.rm_dup_object(ctl, t.client, t.subdevice, 0x77, t.client, hm)[:2] == (0, 0)
+    assert heap_free(ctl, t) == free0 - part // 1024
+    # Errors.
+    bad = [
+        ((t.client, t.device, 0x1234, t.client, hm, 0), nv.NV_OK),  # ok: other client's name
+        ((c2, d2, 0x1234, t.client, hm, 0), nv.NV_ERR_INSERT_DUPLICATE_NAME),
+        ((t.client, t.device, 0, t.client, 0xBAD, 0), nv.NV_ERR_INVALID_OBJECT_HANDLE),
+        ((t.client, t.device, 0, 0xC1D0BAD0, hm, 0), nv.NV_ERR_INVALID_CLIENT),
+        ((0xC1D0BAD0, t.device, 0, t.client, hm, 0), nv.NV_ERR_INVALID_CLIENT),
+        ((t.client, t.client, 0, t.client, hm, 0), nv.NV_ERR_INVALID_OBJECT_PARENT),
+        ((t.client, 0xBAD, 0, t.client, hm, 0), nv.NV_ERR_INVALID_OBJECT_PARENT),
+        ((t.client, t.device, 0, t.client, t.subdevice, 0), nv.NV_ERR_NOT_SUPPORTED),
+        ((t.client, t.device, 0, t.client, hm, 2), nv.NV_ERR_INVALID_FLAGS),
+    ]
+    for args, want in bad:
+        assert nv.rm_dup_object(ctl, *args)[:2] == (0, want), args
+    if nvsim_env.gpus > 1:
+        t1 = nv.build_tree(ctl, device_id=1)
+        r = nv.rm_dup_object(ctl, t1.client, t1.device, 0, t.client, hm)
+        assert r[:2] == (0, nv.NV_ERR_INVALID_ARGUMENT)
+    # Another file's clients are not reachable.
+    other = fds.ctl()
+    t3 = nv.build_tree(other)
+    assert nv.rm_dup_object(other, t3.client, t3.device, 0, t.client, hm)[:2] == \
+        (0, nv.NV_ERR_INVALID_CLIENT)
+    # Wrong size, and XFER.
+    assert nv.raw_ioctl(ctl, nv.ioc(nv.ESC_RM_DUP_OBJECT, 32), nv.cbuf(32)) == errno.EINVAL
+    e, st, h5 = nv.rm_dup_object(ctl, t.client, t.device, 0, t.client, hm, xfer=True)
+    assert (e, st) == (0, nv.NV_OK)
+    # Handles go one by one: the memory stays until the last, whichever it is.
+    handles = [(t.client, t.device, hm), (c2, d2, 0x1234), (t.client, t.device, h2),
+               (t.client, t.subdevice, 0x77), (t.client, t.device, 0x1234)]
+    for hc, hp, h in handles:
+        assert nv.rm_free(ctl, hc, hp, h) == (0, nv.NV_OK)
+        assert heap_free(ctl, t) == free0 - part // 1024
+    assert nv.rm_free(ctl, t.client, t.device, h5) == (0, nv.NV_OK)
+    assert heap_free(ctl, t) == free0
+    assert nv.rm_free(ctl, t.client, t.device, hm) == (0, nv.NV_ERR_INVALID_OBJECT_HANDLE)
+
+
+def test_dup_object_maps_same_pages(nvsim_env, ctl, fds):
+    t = nv.build_tree(ctl)
+    size = 16 * 1024
+    hm = nv.alloc_memory(ctl, t.client, t.device, size).handle
+    e, st, hd = nv.rm_dup_object(ctl, t.client, t.device, 0, t.client, hm)
+    assert (e, st) == (0, nv.NV_OK)
+    ga, gb = fds.gpu(0), fds.gpu(0)
+    assert nv.register_fd(ga, ctl) == 0 and nv.register_fd(gb, ctl) == 0
+    ra, ma = nv.map_and_mmap(ctl, ga, t.client, t.device, hm, size)
+    rb, mb = nv.map_and_mmap(ctl, gb, t.client, t.device, hd, size)
+    assert ra.address == rb.address
+    ma[:4] = b"dup!"
+    assert mb[:4] == b"dup!"
+    # Freeing the original keeps the memory for the duplicate; a client free
+    # (both handles at once) releases it once.
+    free = heap_free(ctl, t)
+    assert nv.rm_free(ctl, t.client, t.device, hm) == (0, nv.NV_OK)
+    assert heap_free(ctl, t) == free
+    assert mb[:4] == b"dup!"
+    ma.close()
+    mb.close()
+    hm2 = nv.alloc_memory(ctl, t.client, t.device, size).handle
+    assert nv.rm_dup_object(ctl, t.client, t.device, 0, t.client, hm2)[:2] == (0, 0)
+    assert nv.rm_free(ctl, t.client, 0, t.client) == (0, nv.NV_OK)
+    t2 = nv.build_tree(ctl)
+    assert heap_free(ctl, t2) == nvsim_env.capacity_kib
+
+
 # ---- robustness ----
 
-ESCAPES = [0x27, 0x29, 0x2A, 0x2B, 0x4A, 0x4E, 0x4F, 200, 201, 210, 211, 212, 218]
-SIZES = {0x27: 56, 0x29: 16, 0x2A: 32, 0x2B: 32, 0x4A: 184, 0x4E: 56, 0x4F: 32,
+ESCAPES = [0x27, 0x29, 0x2A, 0x2B, 0x34, 0x4A, 0x4E, 0x4F, 200, 201, 210, 211, 212, 218]
+SIZES = {0x27: 56, 0x29: 16, 0x2A: 32, 0x2B: 32, 0x34: 28, 0x4A: 184, 0x4E: 56, 0x4F: 32,
          200: 72, 201: 4, 210: 72, 211: 16, 212: 4, 218: 8}
 CLASSES = [0x0, 0x1, 0x41, 0x3E, 0x3F, 0x40, 0x80, 0x2080, 0x50A0, 0x90F1, 0xA06C, 0x1234]
 CONTROLS = [0x20801301, 0x20801303, 0xA06C0101, 0xA06C0103, 0xA06C0104, 0x20800101]
@@ -696,6 +824,11 @@ class Fuzzer:
             psize = rng.choice([0, 4, 20, 56, 128, rng.randrange(0, 70000)])
             return nv.NVOS21.pack(h(), h(), rng.choice([0, h(), rng.getrandbits(32)]),
                                   hclass, self.ptr(), psize, 0)
+        if nr == 0x34:
+            if self.mems and rng.random() < 0.6:
+                c, d, m = rng.choice(self.mems)
+                return nv.NVOS55.pack(c, d, rng.choice([0, h()]), c, m, rng.choice([0, 1, 2]), 0)
+            return nv.NVOS55.pack(h(), h(), h(), h(), h(), rng.choice([0, rng.getrandbits(32)]), 0)
         if nr == 0x29:
             return nv.NVOS00.pack(h(), h(), h(), 0)
         if nr == 0x2A:

@@ -48,16 +48,20 @@ CTRL_ATTR_FAMILY_ID, CTRL_ATTR_FAMILY_NAME = 1, 2
  A_VERDICT, A_EVENT) = range(1, 11)
 NODE_CTL, NODE_GPU, NODE_UVM = 0, 1, 2
 OFF_NONE = 0xFFFFFFFF
-FILTER_OPEN = 1
-UPCALL_OPEN, UPCALL_IOCTL = 1, 2
+FILTER_OPEN, FILTER_UVM_MMAP = 1, 2
+UPCALL_OPEN, UPCALL_IOCTL, UPCALL_POST, UPCALL_MMAP = 1, 2, 3, 4
 F_XFER, F_DATA_FAULT, F_DATA_BIG = 1, 2, 4
-ALLOW, DENY, FAIL_STATUS = 1, 2, 3
+ALLOW, DENY, FAIL_STATUS, REPLY = 1, 2, 3, 4
+VERDICT_F_POST = 1
 EVENT_POST, EVENT_CLOSE = 1, 2
 PROTO_VERSION = 1
 
 RULE = struct.Struct("=8I32I")
-UPCALL = struct.Struct("=3Q12I8x")
-VERDICT = struct.Struct("=QIIII")
+UPCALL = struct.Struct("=3Q12IiI")
+VERDICT = struct.Struct("=QIIIIII")
+MMAP_PARAMS = struct.Struct("=QQII")
+# Indices in UPCALL.unpack(): the fields the tests look at.
+U_ID, U_KIND, U_NODE, U_NR, U_FLAGS, U_RET = 0, 3, 4, 7, 8, 15
 EVENT = struct.Struct("=QQIIiI")
 STATS_FIELDS = (
     "version", "daemon_portid", "contexts", "opens", "ioctls", "upcalls", "verdicts",
@@ -230,9 +234,15 @@ class Genl:
                                       (A_RULES, data)])
 
     def verdict(self, uid: int, action: int, error: int = 0, status: int = 0,
-                status_off: int = 0) -> None:
-        self.request(CMD_VERDICT, [(A_VERDICT, VERDICT.pack(uid, action, error, status,
-                                                             status_off))])
+                status_off: int = 0, flags: int = 0, reserved: int = 0,
+                params: bytes | None = None, data: bytes | None = None) -> None:
+        attrs = [(A_VERDICT, VERDICT.pack(uid, action, error, status, status_off, flags,
+                                          reserved))]
+        if params is not None:
+            attrs.append((A_PARAMS, params))
+        if data is not None:
+            attrs.append((A_DATA, data))
+        self.request(CMD_VERDICT, attrs)
 
     def stats(self) -> dict[str, int]:
         _, replies = self.request(CMD_GET_STATS, [])
@@ -585,10 +595,12 @@ def test_bad_verdicts_and_registration(vg: Env) -> None:
         with pytest.raises(NlError) as e:
             other.verdict(uid, ALLOW)
         assert e.value.errno == errno.EPERM
-        bad = [dict(action=0), dict(action=4), dict(action=DENY, error=0),
+        bad = [dict(action=0), dict(action=REPLY), dict(action=5), dict(action=DENY, error=0),
                dict(action=DENY, error=4096), dict(action=ALLOW, error=1),
                dict(action=FAIL_STATUS, status=1, status_off=29),
-               dict(action=FAIL_STATUS, status=1, status_off=0xFFFFFFFE)]
+               dict(action=FAIL_STATUS, status=1, status_off=0xFFFFFFFE),
+               dict(action=ALLOW, reserved=1), dict(action=ALLOW, flags=2),
+               dict(action=DENY, error=1, flags=VERDICT_F_POST)]
         for b in bad:
             with pytest.raises(NlError) as e:
                 g.verdict(uid, **b)
@@ -648,7 +660,8 @@ def test_filter_validation(vg: Env) -> None:
         with pytest.raises(NlError):
             g.set_filter([rule(ctl, RM_ALLOC)] * 33)
         with pytest.raises(NlError):
-            g.set_filter([], flags=2)
+            g.set_filter([], flags=4)
+        g.set_filter([], flags=FILTER_UVM_MMAP)
         g.set_filter([rule(ctl, RM_ALLOC)] * 32, flags=FILTER_OPEN)
         g.set_filter([rule(ctl | (1 << NODE_GPU) | (1 << NODE_UVM), 0x30000001, 16, 0, (1,),
                            ptr_off=8, len_off=0)])
@@ -767,6 +780,404 @@ def test_rmmod_refused_open_and_caller_killed(vg: Env) -> None:
     assert not loaded("vgpu")
     insmod(ROOT / "kmod/vgpu/vgpu.ko", *(f"{k}={v}" for k, v in params.items()))
     wait_path(VGPU_DIR / "nvidiactl")
+
+
+# --- REPLY verdicts, POST upcalls, MMAP upcalls --------------------------------
+
+sys.path.insert(0, str(ROOT / "tests"))
+import nvclient as nv  # noqa: E402
+
+PAGE = mmap.PAGESIZE
+CTL = 1 << NODE_CTL
+
+
+def rm_calls() -> int | None:
+    """nvsim's count of calls it received, None without nvsim."""
+    p = Path("/sys/module/nvsim/parameters/rm_calls")
+    return int(p.read_text()) if p.exists() else None
+
+
+class Call:
+    """Runs fn(*args) in a thread; result() returns its value or raises its error."""
+
+    def __init__(self, fn, *args, **kw) -> None:
+        self.value: object = None
+        self.error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self.value = fn(*args, **kw)
+            except BaseException as e:  # handed to result()
+                self.error = e
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def result(self, timeout: float = 10):
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the call did not return"
+        if self.error:
+            raise self.error
+        return self.value
+
+
+@contextlib.contextmanager
+def daemon(rules: list[bytes], flags: int = 0) -> Iterator[Genl]:
+    g = Genl()
+    try:
+        g.register()
+        g.set_filter(rules, flags)
+        yield g
+    finally:
+        g.close()
+
+
+# RM_ALLOC of class 0x40, with the alloc-params buffer (ptr@16, len@24) as data.
+ALLOC40_DATA = rule(CTL, RM_ALLOC, 32, 12, (0x40,), ptr_off=16, len_off=24)
+
+
+def test_reply_verdict(vg: Env) -> None:
+    fd = vg.open()
+    buf = ctypes.create_string_buffer(b"\x11" * 56)
+    try:
+        with daemon([ALLOC40_DATA]) as g:
+            calls, before = rm_calls(), stats()
+            c = Call(alloc, fd, 0x40, ctypes.addressof(buf), 56)
+            hdr, attrs = g.next_upcall()
+            assert hdr[U_KIND] == UPCALL_IOCTL and hdr[U_RET] == 0
+            assert len(attrs[A_PARAMS]) == 32 and attrs[A_DATA] == b"\x11" * 56
+            new = NVOS21.pack(1, 2, 0xCAFE, 0x40, 0x1000, 8, 0x1234)
+            g.verdict(hdr[U_ID], REPLY, params=new, data=b"\x5a" * 56)
+            ret, params = c.result()
+            # Written where the caller's pointer was, not where the reply's points.
+            assert (ret, params, buf.raw[:56]) == (0, new, b"\x5a" * 56)
+            # DATA alone: the params stay as the caller wrote them.
+            c = Call(alloc, fd, 0x40, ctypes.addressof(buf), 56)
+            hdr, attrs = g.next_upcall()
+            g.verdict(hdr[U_ID], REPLY, data=bytes(range(56)))
+            ret, params = c.result()
+            assert ret == 0 and params == attrs[A_PARAMS] and buf.raw[:56] == bytes(range(56))
+            # PARAMS alone, wrapped in XFER: the inner params (alloc checks the wrapper).
+            c = Call(alloc, fd, 0x40, xfer=True)
+            hdr, attrs = g.next_upcall()
+            assert hdr[U_FLAGS] == F_XFER and A_DATA not in attrs
+            new = NVOS21.pack(3, 4, 0xBEEF, 0x40, 0, 0, NV_ERR_NO_MEMORY)
+            g.verdict(hdr[U_ID], REPLY, params=new)
+            assert c.result() == (0, new)
+            after = stats()
+            assert after["verdicts"] == before["verdicts"] + 3
+            assert after["events"] == before["events"]  # no POST event for a REPLY
+            assert rm_calls() == calls, "a REPLY reached the driver"
+    finally:
+        os.close(fd)
+
+
+def test_reply_malformed(vg: Env) -> None:
+    fd = vg.open()
+    buf = ctypes.create_string_buffer(56)
+    try:
+        with daemon([ALLOC40_DATA]) as g:
+            before = stats()
+            c = Call(alloc, fd, 0x40, ctypes.addressof(buf), 56)
+            hdr, _ = g.next_upcall()
+            uid = hdr[U_ID]
+            bad = [dict(params=bytes(31)), dict(params=bytes(33)), dict(params=b""),
+                   dict(data=bytes(55)), dict(data=bytes(57)),
+                   dict(params=bytes(32), data=bytes(8)), dict(params=bytes(30), data=bytes(56)),
+                   dict(), dict(params=bytes(32), error=1), dict(params=bytes(32), reserved=1),
+                   dict(params=bytes(32), flags=VERDICT_F_POST)]
+            for b in bad:
+                with pytest.raises(NlError) as e:
+                    g.verdict(uid, REPLY, **b)
+                assert e.value.errno == errno.EINVAL, b
+            for action, kw in ((ALLOW, dict(params=bytes(32))), (DENY, dict(data=bytes(56))),
+                               (FAIL_STATUS, dict(params=bytes(32)))):
+                with pytest.raises(NlError) as e:
+                    g.verdict(uid, action, error=13 if action == DENY else 0, **kw)
+                assert e.value.errno == errno.EINVAL, (action, kw)
+            time.sleep(0.1)
+            assert c.alive(), "a refused verdict completed the waiter"
+            assert buf.raw == bytes(56)
+            n = len(bad) + 3
+            assert stats()["bad_verdicts"] == before["bad_verdicts"] + n
+            g.verdict(uid, DENY, error=errno.EACCES)
+            with pytest.raises(PermissionError):
+                c.result()
+            # No data sent (no pointer): DATA in the REPLY is refused.
+            c = Call(alloc, fd, 0x40)
+            hdr, attrs = g.next_upcall()
+            assert A_DATA not in attrs
+            for b in (dict(data=bytes(8)), dict(params=bytes(32), data=b"")):
+                with pytest.raises(NlError) as e:
+                    g.verdict(hdr[U_ID], REPLY, **b)
+                assert e.value.errno == errno.EINVAL
+            g.verdict(hdr[U_ID], REPLY, params=bytes(32))
+            assert c.result() == (0, bytes(32))
+            # An OPEN upcall takes ALLOW or DENY only.
+            g.set_filter([], FILTER_OPEN)
+            c = Call(vg.open)
+            hdr, attrs = g.next_upcall()
+            assert hdr[U_KIND] == UPCALL_OPEN
+            for action, kw in ((REPLY, dict(params=bytes(4))), (ALLOW, dict(flags=VERDICT_F_POST)),
+                               (FAIL_STATUS, {})):
+                with pytest.raises(NlError) as e:
+                    g.verdict(hdr[U_ID], action, **kw)
+                assert e.value.errno == errno.EINVAL, action
+            g.verdict(hdr[U_ID], ALLOW)
+            os.close(c.result())
+    finally:
+        os.close(fd)
+
+
+def test_post_upcall_virtualizes_fb_info(vg: Env) -> None:
+    """ALLOW + F_POST, then REPLY to the POST upcall: FB_GET_INFO_V2 rewritten."""
+    if not vg.nvsim:
+        pytest.skip("needs nvsim")
+    ctl = vg.open()
+    try:
+        t = nv.build_tree(ctl)
+        idx = [nv.FB_TOTAL_RAM_SIZE, nv.FB_HEAP_FREE]
+        _, _, real = nv.fb_get_info_v2(ctl, t.client, t.subdevice, idx)
+        # RM_CONTROL FB_GET_INFO_V2, its params (ptr@16, len@24) as data.
+        fb_rule = rule(CTL, 0x2A, 32, 8, (nv.NV2080_CTRL_CMD_FB_GET_INFO_V2,),
+                       ptr_off=16, len_off=24)
+        with daemon([fb_rule]) as g:
+            calls, before = rm_calls(), stats()
+            c = Call(nv.fb_get_info_v2, ctl, t.client, t.subdevice, idx)
+            hdr, attrs = g.next_upcall()
+            assert hdr[U_KIND] == UPCALL_IOCTL and len(attrs[A_DATA]) == nv.FB_INFO_V2_SIZE
+            g.verdict(hdr[U_ID], ALLOW, flags=VERDICT_F_POST)
+            post, pattrs = g.next_upcall()
+            assert post[U_KIND] == UPCALL_POST and post[U_ID] == hdr[U_ID]
+            assert post[U_RET] == 0 and post[U_NR] == 0x2A
+            assert len(pattrs[A_PARAMS]) == 32
+            data = bytearray(pattrs[A_DATA])
+            assert struct.unpack_from("=II", data, 4) == (nv.FB_TOTAL_RAM_SIZE,
+                                                         real[nv.FB_TOTAL_RAM_SIZE])
+            struct.pack_into("=IIII", data, 4, nv.FB_TOTAL_RAM_SIZE, 262144,
+                             nv.FB_HEAP_FREE, 131072)
+            g.verdict(post[U_ID], REPLY, data=bytes(data))
+            assert c.result() == (0, 0, {nv.FB_TOTAL_RAM_SIZE: 262144, nv.FB_HEAP_FREE: 131072})
+            assert rm_calls() == calls + 1, "the driver was not called exactly once"
+            # ALLOW to the POST upcall keeps the driver's results.
+            c = Call(nv.fb_get_info_v2, ctl, t.client, t.subdevice, idx)
+            hdr, _ = g.next_upcall()
+            g.verdict(hdr[U_ID], ALLOW, flags=VERDICT_F_POST)
+            post, _ = g.next_upcall()
+            # A POST upcall takes ALLOW or REPLY only; REPLY as long as sent.
+            for action, kw in ((DENY, dict(error=1)), (FAIL_STATUS, {}),
+                               (ALLOW, dict(flags=VERDICT_F_POST)),
+                               (REPLY, dict(data=bytes(8)))):
+                with pytest.raises(NlError) as e:
+                    g.verdict(post[U_ID], action, **kw)
+                assert e.value.errno == errno.EINVAL, action
+            g.verdict(post[U_ID], ALLOW)
+            assert c.result() == (0, 0, real)
+            # The daemon goes while a POST upcall waits: the results stay.
+            c = Call(nv.fb_get_info_v2, ctl, t.client, t.subdevice, idx)
+            hdr, _ = g.next_upcall()
+            g.verdict(hdr[U_ID], ALLOW, flags=VERDICT_F_POST)
+            g.next_upcall()
+            g.unregister()
+            assert c.result() == (0, 0, real)
+            after = stats()
+            assert after["events"] == before["events"], "POST event sent besides the upcall"
+            assert after["upcalls"] == before["upcalls"] + 6
+            assert after["fail_closed"] == before["fail_closed"]
+    finally:
+        os.close(ctl)
+
+
+def test_post_timeout_keeps_results(vg: Env, responder_bin: Path, responders) -> None:
+    r = start(responders, responder_bin, "-f", f"ctl:{RM_ALLOC:#x}:0:12:-:-:0x41",
+              "-a", "post-ignore")
+    set_param("vgpu", "upcall_timeout_ms", "300")
+    fd = vg.open()
+    try:
+        before = stats()
+        if vg.nvsim:
+            ret, params = alloc(fd, 0x41)
+            assert ret == 0 and status_of(params) == 0 and NVOS21.unpack(params)[2] != 0
+        else:
+            with pytest.raises(OSError) as e:
+                alloc(fd, 0x41)
+            assert e.value.errno == errno.ENOTTY  # the driver's answer, not the policy's
+        up = r.expect("upcall")
+        post = r.expect("upcall")
+        assert up["kind"] == "2" and post["kind"] == "3" and post["id"] == up["id"]
+        assert int(post["ret"]) == (0 if vg.nvsim else -errno.ENOTTY)
+        after = stats()
+        assert after["timeouts"] == before["timeouts"] + 1
+        assert after["fail_closed"] == before["fail_closed"]
+        assert after["verdicts"] == before["verdicts"] + 1
+    finally:
+        os.close(fd)
+
+
+def test_responder_post(vg: Env, responder_bin: Path, responders) -> None:
+    r = start(responders, responder_bin, "-f", f"ctl:{RM_ALLOC:#x}:0:12:-:-:0x41",
+              "-a", "post")
+    fd = vg.open()
+    try:
+        before = stats()
+        with contextlib.suppress(OSError):
+            alloc(fd, 0x41)
+        up, post = r.expect("upcall"), r.expect("upcall")
+        assert (up["kind"], post["kind"], post["plen"]) == ("2", "3", "32")
+        assert post["id"] == up["id"]
+        after = stats()
+        assert after["verdicts"] == before["verdicts"] + 2
+        assert after["events"] == before["events"]
+    finally:
+        os.close(fd)
+    r.expect("event kind=2")
+
+
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_int, ctypes.c_long]
+libc.mmap.restype = ctypes.c_void_p
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+
+
+class MmapChild:
+    """mmap in a child process, which then touches the pages.
+
+    The caller of mmap holds its mmap_lock while the upcall waits: a
+    responder in the same process (a thread here) would block on it at its
+    next page fault or heap growth, so the caller must be another process.
+    result() returns "ok" or raises the mmap's OSError.
+    """
+
+    def __init__(self, fd: int, length: int, flags: int = mmap.MAP_SHARED,
+                 offset: int = 0) -> None:
+        rd, wr = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            os.close(rd)
+            addr = libc.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd,
+                             offset)
+            if addr in (None, ctypes.c_void_p(-1).value):
+                out = f"errno {ctypes.get_errno()}"
+            elif ctypes.string_at(addr, length) != bytes(length):
+                out = "not zeroed"
+            else:
+                ctypes.memmove(addr + length - 4, b"uvm!", 4)
+                out = "ok" if ctypes.string_at(addr + length - 4, 4) == b"uvm!" else "bad"
+                libc.munmap(addr, length)
+            os.write(wr, out.encode())
+            os._exit(0)
+        os.close(wr)
+        self.rd = rd
+
+    def result(self, timeout: float = 10) -> str:
+        try:
+            ready, _, _ = select.select([self.rd], [], [], timeout)
+            assert ready, "mmap did not return"
+            out = os.read(self.rd, 100).decode()
+        finally:
+            os.close(self.rd)
+            os.waitpid(self.pid, 0)
+        if out.startswith("errno "):
+            e = int(out.split()[1])
+            raise OSError(e, os.strerror(e))
+        assert out == "ok", out
+        return out
+
+
+def _mmap(fd: int, length: int, flags: int = mmap.MAP_SHARED, offset: int = 0) -> None:
+    MmapChild(fd, length, flags, offset).result()
+
+
+def test_mmap_upcall(vg: Env) -> None:
+    if not (vg.dev / "nvidia-uvm").exists():
+        pytest.skip("no nvidia-uvm node")
+    uvm = vg.open("nvidia-uvm")
+    ctl = vg.open()
+    try:
+        with daemon([], FILTER_UVM_MMAP) as g:
+            before = stats()
+            c = MmapChild(uvm, 2 * PAGE, offset=3 * PAGE)
+            hdr, attrs = g.next_upcall()
+            assert (hdr[U_KIND], hdr[U_NODE]) == (UPCALL_MMAP, NODE_UVM)
+            assert MMAP_PARAMS.unpack(attrs[A_PARAMS]) == (3, 2 * PAGE, 3, 1)
+            for action, kw in ((REPLY, dict(params=bytes(24))), (FAIL_STATUS, {}),
+                               (ALLOW, dict(flags=VERDICT_F_POST))):
+                with pytest.raises(NlError) as e:
+                    g.verdict(hdr[U_ID], action, **kw)
+                assert e.value.errno == errno.EINVAL, action
+            g.verdict(hdr[U_ID], ALLOW)
+            if vg.nvsim:
+                assert c.result() == "ok"  # zeroed pages, writable
+            else:
+                with pytest.raises(OSError):
+                    c.result()
+            assert stats()["mmaps"] == before["mmaps"] + 1
+            # DENY: the errno, nothing mapped, nothing forwarded.
+            c = MmapChild(uvm, PAGE)
+            hdr, _ = g.next_upcall()
+            g.verdict(hdr[U_ID], DENY, error=errno.EPERM)
+            with pytest.raises(PermissionError):
+                c.result()
+            assert stats()["mmaps"] == before["mmaps"] + 1
+            # MAP_PRIVATE is reported as such (nvsim then refuses it).
+            c = MmapChild(uvm, PAGE, mmap.MAP_PRIVATE)
+            hdr, attrs = g.next_upcall()
+            assert MMAP_PARAMS.unpack(attrs[A_PARAMS])[3] == 2
+            g.verdict(hdr[U_ID], ALLOW)
+            with pytest.raises(OSError) as e:
+                c.result()
+            if vg.nvsim:
+                assert e.value.errno == errno.EINVAL
+            # Other nodes are not upcalled.
+            with contextlib.suppress(OSError):
+                _mmap(ctl, PAGE)
+            assert stats()["upcalls"] == before["upcalls"] + 3
+            # Fail policy: closed refuses, open forwards.
+            g.unregister()
+            with pytest.raises(OSError) as e:
+                _mmap(uvm, PAGE)
+            assert e.value.errno == errno.EHOSTDOWN
+            set_param("vgpu", "fail_open", "1")
+            with contextlib.suppress(OSError):
+                _mmap(uvm, PAGE)
+            assert stats()["fail_open"] == before["fail_open"] + 1
+        # Without the flag no mmap is upcalled.
+        set_param("vgpu", "fail_open", "0")
+        set_filter([])
+        before = stats()
+        if vg.nvsim:
+            _mmap(uvm, PAGE)
+        assert stats()["upcalls"] == before["upcalls"]
+    finally:
+        os.close(ctl)
+        os.close(uvm)
+
+
+def test_mmap_upcall_caller_killed(vg: Env) -> None:
+    """A caller killed while waiting under mmap_lock leaves no waiter."""
+    if not (vg.dev / "nvidia-uvm").exists():
+        pytest.skip("no nvidia-uvm node")
+    code = ("import mmap, os\n"
+            "fd = os.open('/dev/vgpu/nvidia-uvm', os.O_RDWR)\n"
+            "print('calling', flush=True)\n"
+            "mmap.mmap(fd, 4096)\n"
+            "print('returned', flush=True)\n")
+    with daemon([], FILTER_UVM_MMAP) as g:
+        before = stats()
+        child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                 text=True, cwd=ROOT)
+        hdr, _ = g.next_upcall(timeout=30)
+        assert hdr[U_KIND] == UPCALL_MMAP
+        child.send_signal(signal.SIGKILL)
+        assert child.wait(timeout=5) == -signal.SIGKILL
+        assert "returned" not in child.stdout.read()
+        with pytest.raises(NlError) as e:
+            g.verdict(hdr[U_ID], ALLOW)
+        assert e.value.errno == errno.ENOENT
+        assert stats()["killed"] == before["killed"] + 1
 
 
 def test_kmemleak_clean(vg: Env) -> None:

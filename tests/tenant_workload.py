@@ -1,0 +1,69 @@
+"""A tenant's GPU workload, as a process of its own (demo and VM tests).
+
+    python tests/tenant_workload.py NODEDIR alloc SIZE COUNT [--hold]
+    python tests/tenant_workload.py NODEDIR fbinfo
+
+`alloc` opens the node directory's nvidiactl, builds a client/device/subdevice
+tree on GPU 0 and allocates COUNT blocks of SIZE (MiB units: 256MiB) of local
+video memory, printing one JSON line per allocation ({"i", "errno",
+"status"}); with --hold it then prints "holding" and waits for a line on
+stdin before closing. `fbinfo` prints the FB_GET_INFO_V2 figures the tenant
+sees (KiB). An open refused by the daemon prints {"open_errno": N}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import nvclient as nv
+
+FB_INDICES = {"ram_size": 7, "total_ram_size": 8, "heap_size": 9, "heap_free": 0x16,
+              "usable_ram_size": 0x20}
+
+
+def mib(text: str) -> int:
+    if not text.endswith("MiB"):
+        raise argparse.ArgumentTypeError("SIZE is in MiB: 256MiB")
+    return int(text[:-3]) << 20
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("nodedir")
+    sub = ap.add_subparsers(dest="what", required=True)
+    alloc = sub.add_parser("alloc")
+    alloc.add_argument("size", type=mib)
+    alloc.add_argument("count", type=int)
+    alloc.add_argument("--hold", action="store_true")
+    sub.add_parser("fbinfo")
+    args = ap.parse_args()
+
+    try:
+        ctl = nv.NvNodes(args.nodedir).open_ctl()
+    except OSError as exc:
+        print(json.dumps({"open_errno": exc.errno}), flush=True)
+        return
+    tree = nv.build_tree(ctl)
+    if args.what == "fbinfo":
+        e, st, vals = nv.fb_get_info_v2(ctl, tree.client, tree.subdevice,
+                                        list(FB_INDICES.values()))
+        print(json.dumps({"errno": e, "status": st,
+                          **{k: vals[i] for k, i in FB_INDICES.items()}}), flush=True)
+        return
+    for i in range(args.count):
+        r = nv.alloc_memory(ctl, tree.client, tree.device, args.size)
+        print(json.dumps({"i": i, "errno": r.errno, "status": r.status}), flush=True)
+    if args.hold:
+        print("holding", flush=True)
+        sys.stdin.readline()
+    os.close(ctl)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""Per-tenant memory quotas end to end: nvsim + vgpu + vgpud --config + D-Bus.
+
+Tenants are matched by cgroup: each workload process is started inside its
+tenant's cgroup v2 (created under /sys/fs/cgroup for the test).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+
+import nvclient as nv
+from dbus_fixtures import PrivateBus
+
+pytestmark = pytest.mark.vm
+
+TESTS = Path(__file__).resolve().parents[1]
+WORKLOAD = str(TESTS / "tenant_workload.py")
+CGROOT = Path("/sys/fs/cgroup")
+MiB = 1 << 20
+
+CONFIG = """\
+[daemon]
+state_path = "{state}"
+
+[[tenant]]
+name = "a"
+memory = "1GiB"
+match = [{{ cgroup = "/vgpu-test-a*" }}]
+
+[[tenant]]
+name = "b"
+memory = "2GiB"
+match = [{{ cgroup = "/vgpu-test-b*" }}]
+"""
+
+
+@pytest.fixture
+def cgroups() -> Iterator[dict[str, Path]]:
+    if not (CGROOT / "cgroup.controllers").exists():
+        pytest.skip("cgroup v2 is not mounted at /sys/fs/cgroup in this guest")
+    groups = {name: CGROOT / f"vgpu-test-{name}" for name in ("a", "b")}
+    for path in groups.values():
+        path.mkdir(exist_ok=True)
+    yield groups
+    for path in groups.values():
+        path.rmdir()
+
+
+@pytest.fixture
+def quota_daemon(vgpu: Path, daemon_factory, tmp_path: Path) -> Iterator[tuple]:
+    bus = PrivateBus()
+    os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = bus.address
+    config = tmp_path / "vgpud.toml"
+    config.write_text(CONFIG.format(state=tmp_path / "state.json"))
+    daemon = daemon_factory("--config", str(config)).start()
+    try:
+        yield daemon, config
+    finally:
+        daemon.kill()
+        bus.close()
+        del os.environ["DBUS_SYSTEM_BUS_ADDRESS"]
+
+
+class Workload:
+    """tests/tenant_workload.py started inside a cgroup."""
+
+    def __init__(self, cgroup: Path, *args: str) -> None:
+        procs = str(cgroup / "cgroup.procs")
+
+        def enter() -> None:
+            Path(procs).write_text(str(os.getpid()))
+
+        self.proc = subprocess.Popen([sys.executable, WORKLOAD, "/dev/vgpu", *args],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     preexec_fn=enter)
+
+    def lines(self, n: int) -> list[dict]:
+        assert self.proc.stdout is not None
+        return [json.loads(self.proc.stdout.readline()) for _ in range(n)]
+
+    def wait_holding(self) -> None:
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.readline().strip() == "holding"
+
+    def release(self) -> None:
+        self.proc.communicate("\n", timeout=30)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def vgpuctl(*args: str) -> dict | list:
+    out = subprocess.run([sys.executable, "-m", "vgpud.cli", *args, "--json"], check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def used(tenant: str) -> int:
+    info = vgpuctl("tenant", "show", tenant)
+    assert isinstance(info, dict)
+    return sum(int(v) for v in info["memory_used"].values())
+
+
+def test_two_tenants_by_cgroup(quota_daemon, cgroups, nvsim: Path) -> None:
+    # Tenant a: 3 processes x 2 x 128 MiB held = 768 MiB charged, exactly.
+    holders = [Workload(cgroups["a"], "alloc", "128MiB", "2", "--hold") for _ in range(3)]
+    b = Workload(cgroups["b"], "alloc", "512MiB", "3", "--hold")
+    try:
+        for w in holders:
+            assert [r["status"] for r in w.lines(2)] == [0, 0]
+            w.wait_holding()
+        assert [r["status"] for r in b.lines(3)] == [0, 0, 0]
+        b.wait_holding()
+        assert used("a") == 768 * MiB
+        assert used("b") == 1536 * MiB
+
+        # a's next 512 MiB would exceed 1 GiB: an ordinary out-of-memory, and
+        # nvsim never sees the allocation (its free memory does not move).
+        ctl = nv.NvNodes(str(nvsim)).open_ctl()
+        try:
+            tree = nv.build_tree(ctl)
+            free_before = nv.heap_free_kib(ctl, tree)
+            over = Workload(cgroups["a"], "alloc", "512MiB", "1")
+            assert over.lines(1)[0]["status"] == 0x51
+            over.release()
+            assert nv.heap_free_kib(ctl, tree) == free_before
+        finally:
+            os.close(ctl)
+
+        # The tenant's view: its limit is the whole GPU.
+        view = Workload(cgroups["a"], "fbinfo").lines(1)[0]
+        assert view["total_ram_size"] == (1 << 30) >> 10
+        assert view["heap_free"] == (256 * MiB) >> 10
+
+        # SIGKILL of a holder releases its charge.
+        holders[0].kill()
+        holders = holders[1:]
+        assert used("a") == 512 * MiB
+        assert used("b") == 1536 * MiB
+    finally:
+        for w in [*holders, b]:
+            if w.proc.poll() is None:
+                w.release()
+    assert used("a") == 0 and used("b") == 0
+
+
+def test_live_limit_changes(quota_daemon, cgroups) -> None:
+    w = Workload(cgroups["a"], "alloc", "256MiB", "4", "--hold")
+    try:
+        assert [r["status"] for r in w.lines(4)] == [0] * 4
+        w.wait_holding()
+        # Lowering below usage frees nothing and refuses the next allocation.
+        subprocess.run([sys.executable, "-m", "vgpud.cli", "tenant", "set", "a",
+                        "--memory", "512MiB"], check=True)
+        assert used("a") == 1024 * MiB
+        assert Workload(cgroups["a"], "alloc", "4MiB", "1").lines(1)[0]["status"] == 0x51
+        # Raising applies at once.
+        subprocess.run([sys.executable, "-m", "vgpud.cli", "tenant", "set", "a",
+                        "--memory", "2GiB"], check=True)
+        assert Workload(cgroups["a"], "alloc", "512MiB", "1").lines(1)[0]["status"] == 0
+    finally:
+        w.release()
+
+
+def test_no_tenant_means_the_open_is_refused(quota_daemon) -> None:
+    # The test process itself is in no tenant's cgroup and there is no default.
+    with pytest.raises(PermissionError):
+        nv.NvNodes("/dev/vgpu").open_ctl()
