@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
 import nvclient as nv
+from conftest import NVSIM_DIR, NVSIM_KO, insmod, rmmod, wait_path
 from dbus_fixtures import PrivateBus
 
 pytestmark = pytest.mark.vm
@@ -45,6 +46,15 @@ match = [{{ cgroup = "/vgpu-test-b*" }}]
 
 
 @pytest.fixture
+def nvsim() -> Iterator[Path]:
+    """nvsim with 4 GiB GPUs: room for both tenants' limits on GPU 0."""
+    insmod(NVSIM_KO, "gpus=2", "mem_mib=4096")
+    wait_path(NVSIM_DIR / "nvidiactl")
+    yield NVSIM_DIR
+    assert rmmod("nvsim").returncode == 0
+
+
+@pytest.fixture
 def cgroups() -> Iterator[dict[str, Path]]:
     if not (CGROOT / "cgroup.controllers").exists():
         pytest.skip("cgroup v2 is not mounted at /sys/fs/cgroup in this guest")
@@ -67,6 +77,7 @@ def quota_daemon(vgpu: Path, daemon_factory, tmp_path: Path) -> Iterator[tuple]:
         yield daemon, config
     finally:
         daemon.kill()
+        print(daemon.log())  # shown by pytest when the test fails
         bus.close()
         del os.environ["DBUS_SYSTEM_BUS_ADDRESS"]
 
