@@ -49,9 +49,9 @@ def run(*cmd: str, env: dict[str, str] | None = None) -> str:
     return out
 
 
-def as_user(uid: int, *args: str) -> list[dict]:
+def as_user(uid: int, *args: str | int) -> list[dict]:
     out = run("setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-              sys.executable, WORKLOAD, "/dev/vgpu", *args)
+              sys.executable, WORKLOAD, "/dev/vgpu", *map(str, args))
     return [json.loads(line) for line in out.splitlines()]
 
 
@@ -65,6 +65,7 @@ def start_vgpud(config: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     while b"READY=1" not in sock.recv(4096):
         pass
     sock.close()
+    os.unlink(notify)  # later notifications (STOPPING=1) go nowhere, quietly
     return proc
 
 

@@ -295,12 +295,27 @@ out:
 	return ret;
 }
 
+/* A call that no rule, wrapper or fd argument concerns: forward it as is. */
+static long vgpu_ioctl_plain(struct vgpu_ctx *ctx, unsigned int cmd, u32 nr,
+			     unsigned long arg)
+{
+	struct file *b = ctx->backing;
+	long ret = -ENOTTY;
+
+	trace_vgpu_ioctl_enter(ctx->id, cmd, nr);
+	if (b->f_op->unlocked_ioctl)
+		ret = b->f_op->unlocked_ioctl(b, cmd, arg);
+	trace_vgpu_ioctl_exit(ctx->id, nr, ret, false);
+	return ret;
+}
+
 static long vgpu_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 {
 	struct vgpu_ctx *ctx = file->private_data;
+	u32 node = ctx->node->kind;
 	struct vgpu_call c = {
 		.cmd = cmd,
-		.node = ctx->node->kind,
+		.node = node,
 		.params = (void __user *)arg,
 		.arg = arg,
 	};
@@ -309,13 +324,15 @@ static long vgpu_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 	bool slow = false;
 	long ret;
 
-	vgpu_count(&vgpu_counters.ioctls);
-	if (c.node == VGPU_NODE_UVM) {
+	vgpu_count(ioctls);
+	if (node == VGPU_NODE_UVM) {
 		c.nr = cmd;
 	} else {
 		c.nr = _IOC_NR(cmd);
 		c.size = _IOC_SIZE(cmd);
 	}
+	if (!vgpu_nr_hot(node, c.nr))
+		return vgpu_ioctl_plain(ctx, cmd, c.nr, arg);
 	if (c.node != VGPU_NODE_UVM && c.nr == NV_ESC_IOCTL_XFER_CMD &&
 	    c.size == sizeof(xfer)) {
 		if (copy_from_user(&xfer, c.params, sizeof(xfer)))
@@ -416,8 +433,8 @@ static int vgpu_open(struct inode *inode, struct file *file)
 	}
 
 	file->private_data = ctx;
-	atomic64_inc(&vgpu_counters.contexts);
-	vgpu_count(&vgpu_counters.opens);
+	vgpu_count(contexts);
+	vgpu_count(opens);
 	return 0;
 
 err_put_backing:
@@ -438,7 +455,7 @@ static int vgpu_release(struct inode *inode, struct file *file)
 	vgpu_event(&ev, NULL, 0, NULL, 0);
 	fput(ctx->backing);
 	kfree(ctx);
-	atomic64_dec(&vgpu_counters.contexts);
+	vgpu_uncount(contexts);
 	return 0;
 }
 
@@ -496,7 +513,7 @@ static int vgpu_mmap(struct file *file, struct vm_area_struct *vma)
 			return err;
 	}
 	vma_set_file(vma, b);
-	vgpu_count(&vgpu_counters.mmaps);
+	vgpu_count(mmaps);
 	return call_mmap(b, vma);
 }
 

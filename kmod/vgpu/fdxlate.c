@@ -34,6 +34,16 @@ static const struct vgpu_fd_arg vgpu_fd_args[] = {
 	{ VGPU_NODE_GPU, NV_ESC_RM_ALLOC_MEMORY, 56, 48 },
 };
 
+/* Sets in @map the escape numbers of @node that carry an fd. */
+void vgpu_fdx_mark(unsigned long *map, u32 node)
+{
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(vgpu_fd_args); i++)
+		if (vgpu_fd_args[i].node == node)
+			__set_bit(vgpu_fd_args[i].nr, map);
+}
+
 /**
  * vgpu_fdx_prepare - translate the fd argument of a call, if it has one
  * @x: state for vgpu_fdx_finish()

@@ -107,27 +107,30 @@ static int vgpu_nl_set_filter(struct sk_buff *skb, struct genl_info *info)
 	return err;
 }
 
+/*
+ * struct vgpu_counters lists the u64 counters of struct vgpu_stats, from
+ * @contexts on, in the same order: sum each CPU's copy into them.
+ */
 static void vgpu_stats_fill(struct vgpu_stats *s)
 {
-	struct vgpu_counters *c = &vgpu_counters;
+	u64 *out = &s->contexts;
+	unsigned int i;
+	int cpu;
 
+	BUILD_BUG_ON(sizeof(struct vgpu_counters) !=
+		     sizeof(*s) - offsetof(struct vgpu_stats, contexts));
+	BUILD_BUG_ON(offsetof(struct vgpu_stats, mmaps) -
+		     offsetof(struct vgpu_stats, contexts) !=
+		     offsetof(struct vgpu_counters, mmaps));
 	memset(s, 0, sizeof(*s));
 	s->version = VGPU_PROTO_VERSION;
 	s->daemon_portid = vgpu_daemon_portid();
-	s->contexts = atomic64_read(&c->contexts);
-	s->opens = atomic64_read(&c->opens);
-	s->ioctls = atomic64_read(&c->ioctls);
-	s->upcalls = atomic64_read(&c->upcalls);
-	s->verdicts = atomic64_read(&c->verdicts);
-	s->timeouts = atomic64_read(&c->timeouts);
-	s->lost = atomic64_read(&c->lost);
-	s->fail_open = atomic64_read(&c->fail_open);
-	s->fail_closed = atomic64_read(&c->fail_closed);
-	s->killed = atomic64_read(&c->killed);
-	s->events = atomic64_read(&c->events);
-	s->events_lost = atomic64_read(&c->events_lost);
-	s->bad_verdicts = atomic64_read(&c->bad_verdicts);
-	s->mmaps = atomic64_read(&c->mmaps);
+	for_each_possible_cpu(cpu) {
+		const u64 *c = (const u64 *)per_cpu_ptr(&vgpu_counters, cpu);
+
+		for (i = 0; i < sizeof(struct vgpu_counters) / sizeof(u64); i++)
+			out[i] += READ_ONCE(c[i]);
+	}
 }
 
 static int vgpu_nl_get_stats(struct sk_buff *skb, struct genl_info *info)

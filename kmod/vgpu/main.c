@@ -25,7 +25,7 @@ bool vgpu_fail_open;
 module_param_named(fail_open, vgpu_fail_open, bool, 0644);
 MODULE_PARM_DESC(fail_open, "forward calls the daemon cannot decide (default: refuse them)");
 
-struct vgpu_counters vgpu_counters;
+DEFINE_PER_CPU(struct vgpu_counters, vgpu_counters);
 
 /* The uapi layouts, as the daemon's tests pin them too. */
 static void __init vgpu_check_abi(void)
@@ -62,6 +62,7 @@ static int __init vgpu_init(void)
 	int err;
 
 	vgpu_check_abi();
+	vgpu_filter_init();
 	err = vgpu_genl_init();
 	if (err)
 		return err;

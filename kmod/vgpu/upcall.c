@@ -74,9 +74,47 @@ static struct {
 
 static atomic64_t vgpu_upcall_ids = ATOMIC64_INIT(0);
 
-/* Serializes writers of vgpu_filter; readers use RCU. */
+/* Serializes writers of vgpu_filter and vgpu_hot; readers use RCU. */
 static DEFINE_MUTEX(vgpu_filter_mutex);
 struct vgpu_filter __rcu *vgpu_filter;
+
+/*
+ * Per node kind, the escape numbers (low 8 bits) that need more than a plain
+ * forward: those some rule of the filter names, IOCTL_XFER_CMD and the
+ * fd-bearing escapes. The ioctl fast path reads it without a lock: a set bit
+ * only sends the call down the full path, which reads the filter under RCU;
+ * bits a new filter needs are set before it is published, and bits it no
+ * longer needs are cleared after.
+ */
+unsigned long vgpu_hot[VGPU_NODE_KINDS][BITS_TO_LONGS(256)];
+
+/* Caller holds vgpu_filter_mutex (or is module init). */
+static void vgpu_hot_set(const struct vgpu_filter *f, bool keep)
+{
+	DECLARE_BITMAP(base, 256);
+	unsigned long v;
+	u32 node, w;
+
+	for (node = 0; node < VGPU_NODE_KINDS; node++) {
+		bitmap_zero(base, 256);
+		if (node != VGPU_NODE_UVM)
+			__set_bit(NV_ESC_IOCTL_XFER_CMD, base);
+		vgpu_fdx_mark(base, node);
+		for (w = 0; w < BITS_TO_LONGS(256); w++) {
+			v = base[w];
+			if (f)
+				v |= f->nr_map[node][w];
+			if (keep)
+				v |= vgpu_hot[node][w];
+			WRITE_ONCE(vgpu_hot[node][w], v);
+		}
+	}
+}
+
+void vgpu_filter_init(void)
+{
+	vgpu_hot_set(NULL, false);
+}
 
 /* Caller holds vgpu_daemon.lock. Completes every pending request with @err. */
 static void vgpu_pending_fail_locked(int err)
@@ -186,10 +224,10 @@ static int vgpu_fail_policy(const struct vgpu_req *req, int err)
 	if (req->kind == VGPU_UPCALL_POST)
 		return err;
 	if (READ_ONCE(vgpu_fail_open)) {
-		vgpu_count(&vgpu_counters.fail_open);
+		vgpu_count(fail_open);
 		return VGPU_OUT_FORWARD;
 	}
-	vgpu_count(&vgpu_counters.fail_closed);
+	vgpu_count(fail_closed);
 	return err;
 }
 
@@ -256,12 +294,12 @@ int vgpu_upcall(struct vgpu_upcall_msg *msg, struct vgpu_verdict *v)
 	msg->hdr.id = req.id;
 
 	if (!vgpu_daemon_portid()) {
-		vgpu_count(&vgpu_counters.lost);
+		vgpu_count(lost);
 		return vgpu_fail_policy(&req, -EHOSTDOWN);
 	}
 	skb = vgpu_genl_upcall_skb(msg);
 	if (!skb) {
-		vgpu_count(&vgpu_counters.lost);
+		vgpu_count(lost);
 		return vgpu_fail_policy(&req, -EHOSTDOWN);
 	}
 
@@ -276,7 +314,7 @@ int vgpu_upcall(struct vgpu_upcall_msg *msg, struct vgpu_verdict *v)
 	spin_unlock(&vgpu_daemon.lock);
 	if (!net) {
 		kfree_skb(skb);
-		vgpu_count(&vgpu_counters.lost);
+		vgpu_count(lost);
 		return vgpu_fail_policy(&req, -EHOSTDOWN);
 	}
 
@@ -287,10 +325,10 @@ int vgpu_upcall(struct vgpu_upcall_msg *msg, struct vgpu_verdict *v)
 	if (err) {
 		if (!vgpu_req_claim(&req))
 			return vgpu_req_result(&req, msg, v);
-		vgpu_count(&vgpu_counters.lost);
+		vgpu_count(lost);
 		return vgpu_fail_policy(&req, -EHOSTDOWN);
 	}
-	vgpu_count(&vgpu_counters.upcalls);
+	vgpu_count(upcalls);
 
 	timeout = msecs_to_jiffies(READ_ONCE(vgpu_upcall_timeout_ms));
 	left = wait_for_completion_killable_timeout(&req.done, timeout);
@@ -302,11 +340,11 @@ int vgpu_upcall(struct vgpu_upcall_msg *msg, struct vgpu_verdict *v)
 	if (!vgpu_req_claim(&req))
 		return vgpu_req_result(&req, msg, v);
 	if (left < 0) {
-		vgpu_count(&vgpu_counters.killed);
+		vgpu_count(killed);
 		trace_vgpu_upcall_verdict(req.id, 0, -EINTR);
 		return -EINTR;
 	}
-	vgpu_count(&vgpu_counters.timeouts);
+	vgpu_count(timeouts);
 	return vgpu_fail_policy(&req, -ETIMEDOUT);
 }
 
@@ -450,7 +488,7 @@ int vgpu_verdict(struct net *net, u32 portid, const struct vgpu_verdict *v,
 	}
 	if (!found) {
 		spin_unlock(&vgpu_daemon.lock);
-		vgpu_count(&vgpu_counters.lost);
+		vgpu_count(lost);
 		*why = "no such pending upcall (completed, timed out or unknown)";
 		return -ENOENT;
 	}
@@ -472,14 +510,14 @@ int vgpu_verdict(struct net *net, u32 portid, const struct vgpu_verdict *v,
 	complete(&req->done);
 	spin_unlock(&vgpu_daemon.lock);
 
-	vgpu_count(&vgpu_counters.verdicts);
+	vgpu_count(verdicts);
 	trace_vgpu_upcall_verdict(v->id, v->action,
 				  v->action == VGPU_VERDICT_DENY ? v->error :
 				  v->status);
 	return 0;
 bad:
 	spin_unlock(&vgpu_daemon.lock);
-	vgpu_count(&vgpu_counters.bad_verdicts);
+	vgpu_count(bad_verdicts);
 	return err;
 }
 
@@ -505,9 +543,9 @@ void vgpu_event(const struct vgpu_event *ev, const void *params, u32 plen,
 		return;
 	skb = vgpu_genl_event_skb(ev, params, plen, data, dlen);
 	if (skb && !vgpu_genl_send(net, portid, skb))
-		vgpu_count(&vgpu_counters.events);
+		vgpu_count(events);
 	else
-		vgpu_count(&vgpu_counters.events_lost);
+		vgpu_count(events_lost);
 	put_net(net);
 }
 
@@ -617,8 +655,11 @@ int vgpu_filter_set(u32 flags, const void *rules, u32 n_rules,
 	}
 
 	mutex_lock(&vgpu_filter_mutex);
+	vgpu_hot_set(f, true);
 	old = rcu_replace_pointer(vgpu_filter, f,
 				  lockdep_is_held(&vgpu_filter_mutex));
+	synchronize_rcu();	/* no reader sees @old: its bits may go */
+	vgpu_hot_set(f, false);
 	mutex_unlock(&vgpu_filter_mutex);
 	if (old)
 		kfree_rcu(old, rcu);

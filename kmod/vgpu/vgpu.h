@@ -8,6 +8,7 @@
 
 #include <linux/types.h>
 #include <linux/atomic.h>
+#include <linux/percpu.h>
 #include <linux/fs.h>
 #include <linux/rcupdate.h>
 #include <linux/bitmap.h>
@@ -46,30 +47,32 @@ extern char *vgpu_backing_dir;
 extern unsigned int vgpu_upcall_timeout_ms;
 extern bool vgpu_fail_open;
 
-/* Counters behind struct vgpu_stats; each is independent. */
+/*
+ * Counters behind struct vgpu_stats, per CPU so that the fast path pays no
+ * atomic instruction; GET_STATS sums them. @contexts goes up and down, so
+ * one CPU's share may wrap; the sum does not.
+ */
 struct vgpu_counters {
-	atomic64_t contexts;
-	atomic64_t opens;
-	atomic64_t ioctls;
-	atomic64_t upcalls;
-	atomic64_t verdicts;
-	atomic64_t timeouts;
-	atomic64_t lost;
-	atomic64_t fail_open;
-	atomic64_t fail_closed;
-	atomic64_t killed;
-	atomic64_t events;
-	atomic64_t events_lost;
-	atomic64_t bad_verdicts;
-	atomic64_t mmaps;
+	u64 contexts;
+	u64 opens;
+	u64 ioctls;
+	u64 upcalls;
+	u64 verdicts;
+	u64 timeouts;
+	u64 lost;
+	u64 fail_open;
+	u64 fail_closed;
+	u64 killed;
+	u64 events;
+	u64 events_lost;
+	u64 bad_verdicts;
+	u64 mmaps;
 };
 
-extern struct vgpu_counters vgpu_counters;
+DECLARE_PER_CPU(struct vgpu_counters, vgpu_counters);
 
-static inline void vgpu_count(atomic64_t *c)
-{
-	atomic64_inc(c);
-}
+#define vgpu_count(field)	this_cpu_inc(vgpu_counters.field)
+#define vgpu_uncount(field)	this_cpu_dec(vgpu_counters.field)
 
 /**
  * struct vgpu_node_dev - one emulated device file, fixed from load to unload
@@ -151,6 +154,7 @@ struct vgpu_fdx {
 int vgpu_fdx_prepare(struct vgpu_fdx *x, u32 node, u32 nr, u32 size,
 		     void __user *params);
 void vgpu_fdx_finish(struct vgpu_fdx *x);
+void vgpu_fdx_mark(unsigned long *map, u32 node);
 
 /* upcall.c */
 
@@ -213,6 +217,15 @@ void vgpu_daemon_gone(struct net *net, u32 portid);
 u32 vgpu_daemon_portid(void);
 void vgpu_upcall_exit(void);
 
+extern unsigned long vgpu_hot[VGPU_NODE_KINDS][BITS_TO_LONGS(256)];
+
+/* Does a call with this escape need more than a plain forward? */
+static inline bool vgpu_nr_hot(u32 node, u32 nr)
+{
+	return test_bit(nr & 0xff, vgpu_hot[node]);
+}
+
+void vgpu_filter_init(void);
 int vgpu_filter_set(u32 flags, const void *rules, u32 n_rules,
 		    const char **why);
 bool vgpu_filter_wants(u32 flag);
