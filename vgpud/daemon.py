@@ -51,7 +51,7 @@ from vgpud.kernel.uapi import (
 )
 from vgpud.nvidia.layouts import decode_call
 from vgpud.nvidia.rules import parse_filter_spec
-from vgpud.policy import Policy, Request, parse_policy
+from vgpud.policy import Decoded, Policy, Request, parse_policy
 
 if TYPE_CHECKING:
     from dbus_fast.aio import MessageBus
@@ -95,6 +95,8 @@ class Dispatcher:
       the module's timeout and fail policy complete it;
     - RM params do not decode: the policy still decides, with ``call=None``
       (the driver itself rejects a malformed params block).
+
+    The params are decoded when the policy first reads ``Request.call``.
     """
 
     def __init__(self, policy: Policy, *, fail_open: bool = False) -> None:
@@ -106,32 +108,34 @@ class Dispatcher:
     def on_upcall(self, upcall: Upcall) -> Verdict:
         counters = self.counters
         counters.upcalls += 1
-        call = None
         kind = upcall.kind
-        if (kind is _IOCTL or kind is _POST) and upcall.node is not _UVM:
-            try:
-                call = decode_call(upcall.nr, upcall.params, upcall.data)
-            except DecodeError as exc:
-                counters.call_errors += 1
-                log.warning("upcall %d: escape %#x params: %s", upcall.id, upcall.nr, exc)
-        elif kind is _MMAP:
-            try:
-                call = MmapParams.unpack(upcall.params)
-            except DecodeError as exc:
-                counters.call_errors += 1
-                log.warning("upcall %d: mmap params: %s", upcall.id, exc)
         try:
             if kind is _POST:
-                verdict = self.policy.decide_post(Request(upcall, call))
+                verdict = self.policy.decide_post(Request(upcall, self._decode))
             else:
-                verdict = self.policy.decide(Request(upcall, call))
-            _check(verdict, upcall)
+                verdict = self.policy.decide(Request(upcall, self._decode))
+            if verdict is not ALLOW:
+                _check(verdict, upcall)
         except Exception:
             counters.policy_errors += 1
             log.exception("policy failed on upcall %d", upcall.id)
             verdict = ALLOW if kind is _POST else self._on_policy_error
         counters.verdicts += 1
         return verdict
+
+    def _decode(self, upcall: Upcall) -> Decoded:
+        """The decode behind ``Request.call``, run when a policy first reads it."""
+        kind = upcall.kind
+        try:
+            if (kind is _IOCTL or kind is _POST) and upcall.node is not _UVM:
+                return decode_call(upcall.nr, upcall.params, upcall.data)
+            if kind is _MMAP:
+                return MmapParams.unpack(upcall.params)
+        except DecodeError as exc:
+            self.counters.call_errors += 1
+            log.warning("upcall %d: %s params: %s", upcall.id,
+                        "mmap" if kind is _MMAP else f"escape {upcall.nr:#x}", exc)
+        return None
 
     def on_event(self, event: Event) -> None:
         self.counters.events += 1
@@ -164,8 +168,6 @@ _ACTIONS = {
 
 def _check(verdict: Verdict, upcall: Upcall) -> None:
     """Refuse verdicts the module would refuse (the caller would then wait in vain)."""
-    if verdict is ALLOW:
-        return
     if type(verdict) is not Verdict:
         raise TypeError(f"policy returned {verdict!r}, not a Verdict")
     action = verdict.action

@@ -9,8 +9,8 @@ requests and sends its verdicts. The quota policy is vgpud.quota.QuotaPolicy.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import NamedTuple, Protocol
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from vgpud.kernel.codec import Event, Upcall
 from vgpud.kernel.uapi import ALLOW, Filter, MmapParams, Verdict
@@ -18,15 +18,31 @@ from vgpud.nvidia.escapes import NvStatus
 from vgpud.nvidia.layouts import Call, RmAlloc
 from vgpud.nvidia.rules import rm_alloc_classes
 
-__all__ = ["AllowAll", "DenyClasses", "Policy", "Request", "parse_policy"]
+__all__ = ["AllowAll", "Decoded", "DenyClasses", "Policy", "Request", "parse_policy"]
+
+Decoded = Call | MmapParams | None
 
 
-class Request(NamedTuple):
-    """An upcall and its decode: for IOCTL and POST upcalls of RM escapes on the
-    ctl/GPU nodes the NVIDIA-level call, for MMAP upcalls struct vgpu_mmap_params."""
+class Request:
+    """An upcall and its decode, made on first access of ``call`` (AllowAll never
+    reads it): for IOCTL and POST upcalls of RM escapes on the ctl/GPU nodes the
+    NVIDIA-level call, for MMAP upcalls struct vgpu_mmap_params."""
 
-    upcall: Upcall
-    call: Call | MmapParams | None  # None: nothing we decode, or params that did not
+    __slots__ = ("_call", "_decode", "upcall")
+
+    def __init__(self, upcall: Upcall, decode: Callable[[Upcall], Decoded]) -> None:
+        self.upcall = upcall
+        self._decode: Callable[[Upcall], Decoded] | None = decode
+        self._call: Decoded = None
+
+    @property
+    def call(self) -> Decoded:
+        """None: nothing we decode, or params that did not."""
+        decode = self._decode
+        if decode is not None:
+            self._decode = None
+            self._call = decode(self.upcall)
+        return self._call
 
 
 class Policy(Protocol):

@@ -1,5 +1,7 @@
 """Host micro-benchmark of the upcall hot path, per upcall:
-decode (netlink + upcall + NVIDIA params) -> policy -> verdict encode.
+decode (netlink + upcall + NVIDIA params) -> policy -> verdict encode, and the
+whole channel path (recv, decode, dispatch, send, recv to EAGAIN) against a
+minimal struct responder, both over a socketpair standing in for the kernel.
 
 Run: .venv/bin/python tests/bench/bench_codec.py [-n N]
 """
@@ -7,6 +9,8 @@ Run: .venv/bin/python tests/bench/bench_codec.py [-n N]
 from __future__ import annotations
 
 import argparse
+import socket
+import struct
 import sys
 import time
 from collections.abc import Callable
@@ -18,6 +22,8 @@ from fakekernel import FAMILY, upcall_msg
 
 from vgpud.daemon import Dispatcher
 from vgpud.kernel import codec
+from vgpud.kernel.channel import GenlChannel
+from vgpud.kernel.uapi import ALLOW
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Escape, NvClass
 from vgpud.policy import AllowAll, DenyClasses
@@ -34,6 +40,39 @@ def measure(fn: Callable[[], object], n: int) -> float:
     return best
 
 
+def channel_path(buf: bytes, dispatcher: Dispatcher) -> tuple[Callable[[], object], ...]:
+    """One upcall per wakeup, as a synchronous caller makes them: the fake kernel
+    sends it, the reader handles it and answers, the fake kernel reads the verdict.
+    Returns that round for GenlChannel and for a minimal struct responder."""
+    kernel, ours = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    channel = GenlChannel(ours, FAMILY, dispatcher)
+    send, recv, on_readable = kernel.send, kernel.recv, channel._on_readable
+
+    def vgpud() -> bytes:
+        send(buf)
+        on_readable()
+        return recv(4096)
+
+    m_kernel, m_ours = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    m_ours.setblocking(False)
+    m_send, m_recv = m_kernel.send, m_kernel.recv
+    r_recv, r_send = m_ours.recv, m_ours.send
+    unpack_id = struct.Struct("=20xQ").unpack_from
+    allow = codec.VerdictEncoder(FAMILY).encode
+
+    def minimal() -> bytes:
+        m_send(buf)
+        while True:
+            try:
+                upcall = r_recv(65536)
+            except BlockingIOError:
+                break
+            r_send(allow(unpack_id(upcall)[0], ALLOW))
+        return m_recv(4096)
+
+    return vgpud, minimal
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("-n", type=int, default=100_000)
@@ -46,7 +85,10 @@ def main() -> None:
     decode = codec.decode_datagram
     deny = Dispatcher(DenyClasses({NvClass.MEMORY_LOCAL_USER}))
     allow = Dispatcher(AllowAll())
+    ctrl = L.NVOS54.struct.pack(1, 2, 0xDEAD0001, 0, 0x1000, 0, 0)
+    ctrl_buf = upcall_msg(ctrl, id=1, nr=Escape.RM_CONTROL)
     (upcall,) = decode(buf, FAMILY)
+    vgpud_round, minimal_round = channel_path(ctrl_buf, Dispatcher(AllowAll()))
     verdict = deny.on_upcall(upcall)
 
     def full(dispatcher: Dispatcher) -> Callable[[], object]:
@@ -65,6 +107,8 @@ def main() -> None:
         "verdict encode": lambda: encode(1, verdict),
         "full: decode + allow-all + encode": full(allow),
         "full: decode + deny-class + encode": full(deny),
+        "channel round, RM_CONTROL, allow-all": vgpud_round,
+        "minimal struct responder round": minimal_round,
     }
     print(f"{'per upcall':48} {'ns/op':>9} {'ops/s':>12}")
     for name, fn in cases.items():

@@ -70,6 +70,14 @@ def test_params_may_be_absent() -> None:
     assert decode_one(post) == PostEvent(1, 2, 0, 0, b"", None)
 
 
+def test_attributes_in_any_order() -> None:
+    first = decode_one(genl(Cmd.UPCALL, UPCALL_ATTR, attr(Attr.PARAMS, b"p"),
+                            attr(Attr.DATA, b"d")))
+    last = decode_one(genl(Cmd.UPCALL, attr(Attr.DATA, b"d"), attr(Attr.PARAMS, b"p"),
+                           UPCALL_ATTR))
+    assert first == last and (first.id, first.params, first.data) == (5, b"p", b"d")
+
+
 def test_several_messages_in_one_datagram() -> None:
     buf = upcall_msg(NVOS21, id=1) + close_event_msg(2) + upcall_msg(NVOS21, id=3)
     assert [type(m) for m in codec.decode_datagram(buf, FAMILY)] == [Upcall, CloseEvent, Upcall]
@@ -187,6 +195,8 @@ def test_requests() -> None:
                           attr(Attr.PARAMS, b"")), 5, id="duplicate-attr"),
         pytest.param(genl(Cmd.UPCALL, UPCALL_ATTR, attr(Attr.STATS, b"")), 5,
                      id="attr-of-another-command"),
+        pytest.param(genl(Cmd.UPCALL, UPCALL_ATTR, attr(Attr.PARAMS, b""), UPCALL_ATTR), 5,
+                     id="duplicate-upcall-attr"),
         pytest.param(genl(Cmd.UPCALL, attr(Attr.UPCALL, upcall_struct(id=6, kind=9))), 6,
                      id="unknown-kind"),
         pytest.param(genl(Cmd.UPCALL, attr(Attr.UPCALL, upcall_struct(id=6, node=3))), 6,

@@ -110,6 +110,12 @@ def test_undecodable_rm_params_reach_the_policy_as_no_call() -> None:
     assert seen == [None, None] and d.counters.call_errors == 1
 
 
+def test_params_are_decoded_only_when_the_policy_reads_them() -> None:
+    d = Dispatcher(AllowAll())
+    assert d.on_upcall(upcall(b"\0" * 40)) is ALLOW
+    assert d.counters.call_errors == 0
+
+
 def test_replies_to_other_commands_decode() -> None:
     assert codec.decode_datagram(genl(Cmd.UNREGISTER), FAMILY)[0].cmd == Cmd.UNREGISTER
 

@@ -248,7 +248,7 @@ class GenlChannel:
     # -- receive path -----------------------------------------------------
 
     def _on_readable(self) -> None:
-        recv = self._sock.recv
+        recv, dispatch, stats = self._sock.recv, self._dispatch, self.stats
         for _ in range(BATCH):
             try:
                 buf = recv(RECV_SIZE)
@@ -256,9 +256,9 @@ class GenlChannel:
                 return
             except OSError as exc:
                 if exc.errno == errno.ENOBUFS:
-                    self.stats.enobufs += 1
+                    stats.enobufs += 1
                     log.warning("netlink receive queue overrun: upcalls lost (%d so far)",
-                                self.stats.enobufs)
+                                stats.enobufs)
                     continue
                 log.error("netlink socket failed: %s", exc)
                 self._fail(exc)
@@ -266,20 +266,21 @@ class GenlChannel:
             if not buf:  # netlink never sends empty datagrams: the stand-in peer left
                 self._fail(ConnectionResetError("peer closed"))
                 return
-            self.stats.datagrams += 1
-            self._dispatch(buf)
+            stats.datagrams += 1
+            dispatch(buf)
 
     def _dispatch(self, buf: bytes) -> None:
+        handler = self._handler
         for msg in codec.decode_datagram(buf, self._family_id):
             kind = type(msg)
             if kind is Upcall:
-                if self._handler is None:
+                if handler is None:
                     log.warning("upcall %d with no handler; left to time out", msg.id)
                     continue
-                self._send_verdict(msg.id, self._handler.on_upcall(msg))
+                self._send_verdict(msg.id, handler.on_upcall(msg))
             elif kind is PostEvent or kind is CloseEvent:
-                if self._handler is not None:
-                    self._handler.on_event(msg)
+                if handler is not None:
+                    handler.on_event(msg)
             elif kind is NlAck:
                 self._on_ack(msg)
             elif kind is Reply:
@@ -288,10 +289,10 @@ class GenlChannel:
                     log.debug("reply for unknown request %d", msg.seq)
                 else:
                     pending.replies.append(msg)
-            elif self._handler is None:
+            elif handler is None:
                 log.warning("malformed message: %s", msg)
             else:
-                verdict = self._handler.on_malformed(msg)
+                verdict = handler.on_malformed(msg)
                 if verdict is not None and msg.upcall_id is not None:
                     self._send_verdict(msg.upcall_id, verdict)
 

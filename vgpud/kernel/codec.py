@@ -157,12 +157,16 @@ Message = Upcall | PostEvent | CloseEvent | Reply | NlAck
 
 _KINDS = {int(k): k for k in UpcallKind}
 _NODES = {int(n): n for n in Node}
-_ANY_ATTR = frozenset(range(1, uapi.ATTR_MAX + 1))
-_UPCALL_ATTRS = {
-    UpcallKind.OPEN: frozenset({Attr.UPCALL, Attr.CGROUP}),
-    UpcallKind.IOCTL: frozenset({Attr.UPCALL, Attr.PARAMS, Attr.DATA}),
-    UpcallKind.POST: frozenset({Attr.UPCALL, Attr.PARAMS, Attr.DATA}),
-    UpcallKind.MMAP: frozenset({Attr.UPCALL, Attr.PARAMS}),
+_ATTR_MAX = int(uapi.ATTR_MAX)
+_ANY_ATTR = frozenset(range(1, _ATTR_MAX + 1))
+# The attributes each upcall kind may carry, as bit masks (1 << attribute type).
+_UPCALL_ATTR_BITS = {
+    int(kind): sum(1 << attr for attr in attrs) for kind, attrs in {
+        UpcallKind.OPEN: (Attr.UPCALL, Attr.CGROUP),
+        UpcallKind.IOCTL: (Attr.UPCALL, Attr.PARAMS, Attr.DATA),
+        UpcallKind.POST: (Attr.UPCALL, Attr.PARAMS, Attr.DATA),
+        UpcallKind.MMAP: (Attr.UPCALL, Attr.PARAMS),
+    }.items()
 }
 _A_UPCALL, _A_PARAMS, _A_DATA, _A_CGROUP = (
     int(a) for a in (Attr.UPCALL, Attr.PARAMS, Attr.DATA, Attr.CGROUP))
@@ -173,6 +177,9 @@ _new = tuple.__new__  # builds a NamedTuple without its Python-level __new__
 _EVENT_ATTRS = frozenset({Attr.EVENT, Attr.PARAMS, Attr.DATA})
 _UPCALL_UNPACK = uapi.UPCALL.struct.unpack_from
 _UPCALL_SIZE = uapi.UPCALL.size
+_UPCALL_ATTR_LEN = NLA_HDR.size + _UPCALL_SIZE
+_UPCALL_NLA = (_UPCALL_ATTR_LEN, _A_UPCALL)  # the header of VGPU_A_UPCALL
+_NL_LEN_TYPE = struct.Struct("=IH").unpack_from
 _EVENT_UNPACK = uapi.EVENT.struct.unpack_from
 
 
@@ -205,35 +212,61 @@ def _cgroup(raw: bytes) -> str:
 
 
 def _decode_upcall(buf: bytes, off: int, end: int) -> Upcall:
+    """One walk over the attributes into locals: no dict, no slice of the header."""
+    head = params = data = cgroup = None
+    seen = 0
+    pos = off
+    unpack = _NLA_UNPACK
+    if end - off >= _UPCALL_ATTR_LEN and unpack(buf, off) == _UPCALL_NLA:  # the module's order
+        head, seen, pos = off + 4, 1 << _A_UPCALL, off + _UPCALL_ATTR_LEN
     try:
-        attrs = _attrs(buf, off, end, _ANY_ATTR)
-        head = attrs.get(_A_UPCALL)
+        while pos < end:
+            if end - pos < 4:
+                raise DecodeError(f"truncated attribute header at {pos}")
+            nla_len, nla_type = unpack(buf, pos)
+            nla_type &= NLA_TYPE_MASK
+            if nla_len < 4 or pos + nla_len > end:
+                raise DecodeError(f"attribute {nla_type} length {nla_len} at {pos}")
+            if not 0 < nla_type <= _ATTR_MAX:
+                raise DecodeError(f"unexpected attribute {nla_type}")
+            bit = 1 << nla_type
+            if seen & bit:
+                raise DecodeError(f"duplicate attribute {nla_type}")
+            seen |= bit
+            if nla_type == _A_UPCALL:
+                if nla_len != _UPCALL_ATTR_LEN:
+                    raise DecodeError(f"VGPU_A_UPCALL is {nla_len - 4} bytes, "
+                                      f"expected {_UPCALL_SIZE}")
+                head = pos + 4
+            elif nla_type == _A_PARAMS:
+                params = buf[pos + 4 : pos + nla_len]
+            elif nla_type == _A_DATA:
+                data = buf[pos + 4 : pos + nla_len]
+            elif nla_type == _A_CGROUP:
+                cgroup = buf[pos + 4 : pos + nla_len]
+            pos += (nla_len + 3) & ~3
         if head is None:
             raise DecodeError("upcall without VGPU_A_UPCALL")
-        if len(head) != _UPCALL_SIZE:
-            raise DecodeError(f"VGPU_A_UPCALL is {len(head)} bytes, expected {_UPCALL_SIZE}")
-        (uid_, ctx_id, cgroup_id, kind, node, minor, cmd, nr, flags, pid, tgid, uid, gid,
-         caller_pid, caller_tgid, ret, reserved) = _UPCALL_UNPACK(head)
     except DecodeError as exc:
         exc.upcall_id = _salvage_id(buf, off, end)
         raise
+    (uid_, ctx_id, cgroup_id, kind, node, minor, cmd, nr, flags, pid, tgid, uid, gid,
+     caller_pid, caller_tgid, ret, reserved) = _UPCALL_UNPACK(buf, head)
     kind_e = _KINDS.get(kind)
     node_e = _NODES.get(node)
-    params = attrs.get(_A_PARAMS)
-    problem = None
     if kind_e is None or node_e is None:
-        problem = f"unknown upcall kind {kind} or node {node}"
-    elif reserved:
-        problem = "nonzero reserved field in upcall"
-    elif not attrs.keys() <= _UPCALL_ATTRS[kind]:
-        problem = f"unexpected attributes {sorted(attrs.keys() - _UPCALL_ATTRS[kind])}"
-    if problem is not None:
-        raise DecodeError(problem, upcall_id=uid_)
-    cgroup = attrs.get(_A_CGROUP)
+        raise DecodeError(f"unknown upcall kind {kind} or node {node}", upcall_id=uid_)
+    if reserved:
+        raise DecodeError("nonzero reserved field in upcall", upcall_id=uid_)
+    extra = seen & ~_UPCALL_ATTR_BITS[kind]  # int keys: an IntEnum hashes in Python
+    if extra:
+        raise DecodeError(
+            f"unexpected attributes {[a for a in range(_ATTR_MAX + 1) if extra >> a & 1]}",
+            upcall_id=uid_)
     opener = _new(Opener, (pid, tgid, uid, gid, cgroup_id,
                            None if cgroup is None else _cgroup(cgroup)))
     return _new(Upcall, (uid_, ctx_id, kind_e, node_e, minor, cmd, nr, flags, opener,
-                         caller_pid, caller_tgid, params or b"", attrs.get(_A_DATA), ret))
+                         caller_pid, caller_tgid, params or b"", data, ret))
 
 
 def _salvage_id(buf: bytes, off: int, end: int) -> int | None:
@@ -294,8 +327,16 @@ def decode_datagram(buf: bytes, family_id: int) -> list[Message | DecodeError]:
     (bad nlmsg_len) ends the list, since nothing after it can be located.
     NLMSG_NOOP/DONE/OVERRUN carry nothing for us and are skipped.
     """
+    size = len(buf)
+    if size >= _HDRS:  # fast path: a datagram holding one upcall, as the module sends them
+        length, nl_type = _NL_LEN_TYPE(buf)
+        if length == size and nl_type == family_id and buf[16] == _CMD_UPCALL:
+            try:
+                return [_decode_upcall(buf, _HDRS, size)]
+            except DecodeError as exc:
+                return [exc]
     out: list[Message | DecodeError] = []
-    off, size = 0, len(buf)
+    off = 0
     unpack = _NLMSG_UNPACK
     while off < size:
         if size - off < 16:
