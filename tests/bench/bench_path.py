@@ -7,8 +7,9 @@ the two nodes it compares so that both see the same noise:
    against the same call straight on /dev/nvsim/nvidiactl;
 2. slow path: the same call selected by a rule, so that each call is an
    upcall, a verdict and a forward; answered by the minimal C responder
-   (tests/bench/c_responder.c) and then by vgpud. The figure of merit is
-   the ratio vgpud / C responder at p50 and p99;
+   (tests/bench/c_responder.c), by the floor of a Python responder
+   (tests/bench/py_responder.py: blocking recv, struct) and by vgpud. The
+   figure of merit is the ratio vgpud / C responder at p50 and p99;
 3. allocation round trip: a 1 MiB memory allocation and its free through
    vgpud's slow path, against the same pair straight on nvsim.
 
@@ -132,6 +133,14 @@ def main() -> None:
     finally:
         c.terminate()
         c.wait()
+    py = subprocess.Popen([sys.executable, str(ROOT / "tests/bench/py_responder.py"),
+                           f"control:{CTRL:#x}"], stdout=subprocess.PIPE, text=True)
+    try:
+        wait_ready(py, "py_responder")
+        slow["Python floor"] = measure(lat, args.rounds, args.slow_calls)["/dev/vgpu/nvidiactl"]
+    finally:
+        py.terminate()
+        py.wait()
     d = start_vgpud(["--filter", f"control:{CTRL:#x}", "--filter", "alloc:0x40"])
     try:
         slow["vgpud"] = measure(lat, args.rounds, args.slow_calls)["/dev/vgpu/nvidiactl"]
@@ -142,9 +151,11 @@ def main() -> None:
     print("slow path (rule matches: upcall, verdict ALLOW, forward)")
     for name, (p50, _p90, p99, _mean) in slow.items():
         print(f"  {name:12s}  p50 {p50:7d} ns  p99 {p99:7d} ns")
-    cr, vg = slow["C responder"], slow["vgpud"]
+    cr, pf, vg = slow["C responder"], slow["Python floor"], slow["vgpud"]
     print(f"  ratio vgpud / C responder: p50 {vg[0] / cr[0]:.2f}, p99 {vg[2] / cr[2]:.2f}"
-          "  (target <= 1.6)\n")
+          "  (target <= 1.6)")
+    print(f"  ratio Python floor / C responder: p50 {pf[0] / cr[0]:.2f}, p99 {pf[2] / cr[2]:.2f}")
+    print(f"  ratio vgpud / Python floor: p50 {vg[0] / pf[0]:.2f}, p99 {vg[2] / pf[2]:.2f}\n")
 
     direct_alloc = alloc_free_ns(nv.NvNodes("/dev/nvsim"), args.allocs)
     print("allocation round trip (1 MiB alloc + free, Python client, class 0x40 upcalled)")
