@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,8 +17,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "unit"))
+sys.path.insert(0, str(ROOT / "tests"))
 
 from dbus_fixtures import PrivateBus  # noqa: E402
+from vgpud_proc import Daemon  # noqa: E402
 
 WORKLOAD = str(ROOT / "tests" / "tenant_workload.py")
 CONFIG = """\
@@ -44,7 +45,7 @@ def step(text: str) -> None:
 
 def run(*cmd: str, env: dict[str, str] | None = None) -> str:
     print("$ " + " ".join(cmd), flush=True)
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     print(out.rstrip(), flush=True)
     return out
 
@@ -53,20 +54,6 @@ def as_user(uid: int, *args: str | int) -> list[dict]:
     out = run("setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
               sys.executable, WORKLOAD, "/dev/vgpu", *map(str, args))
     return [json.loads(line) for line in out.splitlines()]
-
-
-def start_vgpud(config: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    notify = Path(tempfile.mkdtemp()) / "notify"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(notify))
-    sock.settimeout(120)
-    proc = subprocess.Popen([sys.executable, "-m", "vgpud.daemon", "--config", str(config)],
-                            env=dict(env, NOTIFY_SOCKET=str(notify)), text=True)
-    while b"READY=1" not in sock.recv(4096):
-        pass
-    sock.close()
-    os.unlink(notify)  # later notifications (STOPPING=1) go nowhere, quietly
-    return proc
 
 
 def main() -> None:
@@ -82,10 +69,10 @@ def main() -> None:
     config.write_text(CONFIG.format(state=work / "state.json"))
     print(config.read_text())
     bus = PrivateBus()
-    env = dict(os.environ, DBUS_SYSTEM_BUS_ADDRESS=bus.address)
-    daemon = start_vgpud(config, env)
+    os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = bus.address  # for vgpud and vgpuctl
+    daemon = Daemon("--config", str(config), log_level="info", echo=True).start()
     try:
-        run("vgpuctl", "status", env=env)
+        run("vgpuctl", "status")
 
         step("team-a allocates 256 MiB blocks: the fifth is an ordinary out-of-memory (0x51)")
         results = as_user(1001, "alloc", "256MiB", 5)
@@ -103,14 +90,13 @@ def main() -> None:
         print(as_user(1003, "alloc", "1MiB", 1))
 
         step("raise team-a's quota live, over D-Bus")
-        run("vgpuctl", "tenant", "set", "team-a", "--memory", "2GiB", env=env)
+        run("vgpuctl", "tenant", "set", "team-a", "--memory", "2GiB")
         results = as_user(1001, "alloc", "256MiB", 5)
         assert all(r["status"] == 0 for r in results), results
-        run("vgpuctl", "tenant", "list", env=env)
-        run("vgpuctl", "module-stats", env=env)
+        run("vgpuctl", "tenant", "list")
+        run("vgpuctl", "module-stats")
     finally:
-        daemon.terminate()
-        daemon.wait(30)
+        daemon.stop()
         bus.close()
     step("stop vgpud and unload the modules")
     run("rmmod", "vgpu")

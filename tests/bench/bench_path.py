@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import nvclient as nv  # noqa: E402
+from vgpud_proc import Daemon  # noqa: E402
 
 CTRL = 0xDEAD0001  # a control id no driver knows: the driver's answer is cheap
 LINE = re.compile(r"^(\S+)\s+p50\s+(\d+) ns\s+p90\s+(\d+) ns\s+p99\s+(\d+) ns\s+mean\s+(\d+)")
@@ -64,23 +65,6 @@ def wait_ready(proc: subprocess.Popen[str], what: str) -> None:
     line = proc.stdout.readline()
     if "ready" not in line:
         raise SystemExit(f"{what} did not start: {line!r}")
-
-
-def start_vgpud(extra: list[str]) -> subprocess.Popen[str]:
-    """vgpud with AllowAll plus `extra` rules; ready when READY=1 arrives."""
-    import socket
-
-    path = tempfile.mktemp(prefix="notify-")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(path)
-    sock.settimeout(120)
-    proc = subprocess.Popen([sys.executable, "-m", "vgpud.daemon", "--log-level", "warning",
-                             *extra], env=dict(os.environ, NOTIFY_SOCKET=path), text=True)
-    while b"READY=1" not in sock.recv(4096):
-        pass
-    sock.close()
-    os.unlink(path)
-    return proc
 
 
 def alloc_free_ns(nodes: nv.NvNodes, count: int) -> list[int]:
@@ -141,13 +125,13 @@ def main() -> None:
     finally:
         py.terminate()
         py.wait()
-    d = start_vgpud(["--filter", f"control:{CTRL:#x}", "--filter", "alloc:0x40"])
+    d = Daemon("--filter", f"control:{CTRL:#x}", "--filter", "alloc:0x40",
+               log_level="warning").start()
     try:
         slow["vgpud"] = measure(lat, args.rounds, args.slow_calls)["/dev/vgpu/nvidiactl"]
         vg_alloc = alloc_free_ns(nv.NvNodes("/dev/vgpu"), args.allocs)
     finally:
-        d.terminate()
-        d.wait()
+        d.stop()
     print("slow path (rule matches: upcall, verdict ALLOW, forward)")
     for name, (p50, _p90, p99, _mean) in slow.items():
         print(f"  {name:12s}  p50 {p50:7d} ns  p99 {p99:7d} ns")

@@ -7,15 +7,17 @@ other machine they are skipped, since the kernel modules cannot be loaded.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from vgpud_proc import Daemon
 
 ROOT = Path(__file__).resolve().parents[2]
 NVSIM_KO = ROOT / "kmod/nvsim/nvsim.ko"
@@ -89,56 +91,6 @@ def vgpu(nvsim: Path) -> Iterator[Path]:
     yield VGPU_DIR
     res = rmmod("vgpu")
     assert res.returncode == 0, f"rmmod vgpu (something still open?): {res.stderr}"
-
-
-class Daemon:
-    """The real vgpud as a subprocess; READY=1 is read from a NOTIFY_SOCKET."""
-
-    def __init__(self, *args: str) -> None:
-        self.args = args
-        self.dir = tempfile.mkdtemp(prefix="vgpud-test-")
-        self.log_path = Path(self.dir) / "vgpud.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 60.0) -> Daemon:
-        sock_path = os.path.join(self.dir, f"notify-{time.monotonic_ns()}")
-        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        notify.bind(sock_path)
-        notify.settimeout(timeout)
-        env = dict(os.environ, NOTIFY_SOCKET=sock_path)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "vgpud.daemon", "--log-level", "debug", *self.args],
-                stdout=log, stderr=subprocess.STDOUT, env=env,
-            )
-        try:
-            while True:
-                msg = notify.recv(4096).decode()
-                if "READY=1" in msg.split("\n"):
-                    break
-        except TimeoutError:
-            self.kill()
-            raise AssertionError(f"vgpud not ready in {timeout}s:\n{self.log()}") from None
-        finally:
-            notify.close()
-            os.unlink(sock_path)
-        return self
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def stop(self) -> int:
-        """SIGTERM and wait: a graceful drain exits 0."""
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            return self.proc.wait(timeout=30)
-        return self.proc.returncode
 
 
 @pytest.fixture

@@ -1,0 +1,65 @@
+"""The real vgpud as a subprocess, ready when it says READY=1 (sd_notify).
+
+Shared by the VM tests (tests/vm/conftest.py), the demo and the benchmark.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+class Daemon:
+    """`python -m vgpud.daemon ARGS` with a NOTIFY_SOCKET of its own.
+
+    Its output goes to a log file (`log()`), or to ours with `echo=True`.
+    """
+
+    def __init__(self, *args: str, log_level: str = "debug", echo: bool = False) -> None:
+        self.args = ("--log-level", log_level, *args)
+        self.echo = echo
+        self.dir = tempfile.mkdtemp(prefix="vgpud-")
+        self.log_path = Path(self.dir) / "vgpud.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60.0) -> Daemon:
+        sock_path = os.path.join(self.dir, f"notify-{time.monotonic_ns()}")
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        notify.bind(sock_path)
+        notify.settimeout(timeout)
+        env = dict(os.environ, NOTIFY_SOCKET=sock_path)
+        with open(self.log_path, "ab") as log:
+            out = None if self.echo else log
+            self.proc = subprocess.Popen([sys.executable, "-m", "vgpud.daemon", *self.args],
+                                         stdout=out, stderr=subprocess.STDOUT, env=env)
+        try:
+            while "READY=1" not in notify.recv(4096).decode().split("\n"):
+                pass
+        except TimeoutError:
+            self.kill()
+            raise AssertionError(f"vgpud not ready in {timeout}s:\n{self.log()}") from None
+        finally:
+            notify.close()
+            os.unlink(sock_path)
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> int:
+        """SIGTERM and wait: a graceful drain exits 0."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            return self.proc.wait(timeout=30)
+        return self.proc.returncode
