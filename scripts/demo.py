@@ -43,7 +43,7 @@ def step(text: str) -> None:
     print(f"\n==> {text}", flush=True)
 
 
-def run(*cmd: str, env: dict[str, str] | None = None) -> str:
+def run(*cmd: str) -> str:
     print("$ " + " ".join(cmd), flush=True)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     print(out.rstrip(), flush=True)
