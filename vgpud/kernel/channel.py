@@ -26,7 +26,7 @@ from typing import Protocol
 
 from pyroute2.netlink import genlmsg
 from pyroute2.netlink.exceptions import NetlinkError
-from pyroute2.netlink.generic import AsyncGenericNetlinkSocket
+from pyroute2.netlink.generic import GenericNetlinkSocket
 
 from vgpud.kernel import codec, uapi
 from vgpud.kernel.codec import CloseEvent, DecodeError, Event, NlAck, PostEvent, Reply, Upcall
@@ -112,21 +112,32 @@ class _Pending:
     replies: list[Reply] = field(default_factory=list)
 
 
-async def resolve_family(name: str = uapi.GENL_NAME) -> int:
-    """The generic netlink family id of ``name``, through pyroute2."""
-    nl = AsyncGenericNetlinkSocket()
+def _resolve_family_sync(name: str) -> int:
+    nl = GenericNetlinkSocket()
     nl.module_err_level = "debug"  # we raise a better message than pyroute2 logs
     try:
-        await nl.bind(name, genlmsg)
+        nl.bind(name, genlmsg)
         return nl.prid
+    finally:
+        nl.close()
+
+
+async def resolve_family(name: str = uapi.GENL_NAME) -> int:
+    """The generic netlink family id of ``name``, through pyroute2.
+
+    pyroute2's synchronous socket runs in a worker thread: its asyncio
+    transport needs a datagram endpoint for AF_NETLINK, which uvloop (the
+    daemon's loop) does not provide. This is setup, once per channel.
+    """
+    try:
+        return await asyncio.get_running_loop().run_in_executor(
+            None, _resolve_family_sync, name)
     except NetlinkError as exc:
         if exc.code == errno.ENOENT:
             raise FamilyNotFound(
                 f"generic netlink family {name!r} not found: is vgpu.ko loaded?"
             ) from None
         raise ChannelError(f"resolving generic netlink family {name!r}: {exc}") from exc
-    finally:
-        nl.close()
 
 
 class GenlChannel:
