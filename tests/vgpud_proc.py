@@ -26,6 +26,7 @@ class Daemon:
         self.dir = tempfile.mkdtemp(prefix="vgpud-")
         self.log_path = Path(self.dir) / "vgpud.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self._notify: socket.socket | None = None
 
     def start(self, timeout: float = 60.0) -> Daemon:
         sock_path = os.path.join(self.dir, f"notify-{time.monotonic_ns()}")
@@ -37,16 +38,21 @@ class Daemon:
             out = None if self.echo else log
             self.proc = subprocess.Popen([sys.executable, "-m", "vgpud.daemon", *self.args],
                                          stdout=out, stderr=subprocess.STDOUT, env=env)
+        self._notify = notify  # kept bound until the daemon is gone (STOPPING=1)
         try:
             while "READY=1" not in notify.recv(4096).decode().split("\n"):
                 pass
         except TimeoutError:
             self.kill()
             raise AssertionError(f"vgpud not ready in {timeout}s:\n{self.log()}") from None
-        finally:
-            notify.close()
-            os.unlink(sock_path)
         return self
+
+    def _close_notify(self) -> None:
+        if self._notify is not None:
+            path = self._notify.getsockname()
+            self._notify.close()
+            os.unlink(path)
+            self._notify = None
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -55,11 +61,15 @@ class Daemon:
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self._close_notify()
 
     def stop(self) -> int:
         """SIGTERM and wait: a graceful drain exits 0."""
         assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            return self.proc.wait(timeout=30)
-        return self.proc.returncode
+        try:
+            if self.proc.poll() is None:
+                self.proc.terminate()
+                return self.proc.wait(timeout=30)
+            return self.proc.returncode
+        finally:
+            self._close_notify()
