@@ -220,11 +220,14 @@ class QuotaPolicy:
         return Filter(
             flags=FILTER_OPEN | FILTER_UVM_MMAP,
             rules=(
-                *rm_alloc_classes([*TREE_CLASSES, *charged]),
-                rm_free(),
-                rm_dup_object(),
-                rm_alloc_memory_classes(charged),
-                rm_vid_heap_functions([VidHeapFunction.ALLOC_SIZE, VidHeapFunction.FREE]),
+                # POST events commit, track and free: the ledger needs results.
+                *rm_alloc_classes([*TREE_CLASSES, *charged], post=True),
+                rm_free(post=True),
+                rm_dup_object(post=True),
+                rm_alloc_memory_classes(charged, post=True),
+                rm_vid_heap_functions([VidHeapFunction.ALLOC_SIZE, VidHeapFunction.FREE],
+                                      post=True),
+                # Its results come back in a POST upcall (F_POST), not an event.
                 rm_control_cmds([Ctrl.FB_GET_INFO_V2]),
             ),
         )

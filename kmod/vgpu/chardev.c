@@ -268,7 +268,7 @@ static long vgpu_ioctl_slow(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 		ret = vgpu_forward(ctx, c);
 		if (v.flags & VGPU_VERDICT_F_POST)
 			ret = vgpu_post_upcall(c, &s, ret);
-		else
+		else if (r.flags & VGPU_RULE_F_POST)
 			vgpu_post_event(ctx, c, &s, ret);
 		break;
 	case VGPU_VERDICT_DENY:

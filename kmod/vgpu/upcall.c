@@ -580,8 +580,8 @@ static int vgpu_rule_check(const struct vgpu_rule *r, const char **why)
 		*why = "rule node_mask is empty or has unknown bits";
 		return -EINVAL;
 	}
-	if (r->flags) {
-		*why = "rule flags must be 0";
+	if (r->flags & ~VGPU_RULE_F_POST) {
+		*why = "unknown rule flags";
 		return -EINVAL;
 	}
 	if (r->n_match > VGPU_RULE_MATCH_MAX) {

@@ -8,13 +8,14 @@
  *
  *   gcc -O2 -Wall -I kmod/include/uapi -o c_responder tests/bench/c_responder.c
  *
- *   c_responder [-f RULE]... [-O] [-M] [-a ACTION] [-D USEC] [-c COUNT]
+ *   c_responder [-f RULE]... [-P] [-O] [-M] [-a ACTION] [-D USEC] [-c COUNT]
  *               [-V VERSION] [-F] [-S] [-v]
  *
  *   -f RULE    add a filter rule NODES:NR:SIZE:MATCH_OFF:PTR_OFF:LEN_OFF:KEYS
  *              NODES: ctl, gpu, uvm joined by '+', or a number (node_mask);
  *              offsets: a number or '-' for none; KEYS: comma separated.
  *              Example, "class 0x40 allocs": -f ctl:0x2b:0:12:-:-:0x40
+ *   -P         rules ask for POST events (VGPU_RULE_F_POST)
  *   -O         upcall every open (VGPU_FILTER_OPEN)
  *   -M         upcall every mmap of nvidia-uvm (VGPU_FILTER_UVM_MMAP)
  *   -F         install the filter and exit without registering
@@ -53,6 +54,7 @@ static int verbose;
 
 static struct vgpu_rule rules[VGPU_RULES_MAX];
 static unsigned int n_rules;
+static uint32_t rule_flags;
 
 static void die(const char *what)
 {
@@ -293,13 +295,17 @@ int main(int argc, char **argv)
 	int filter_only = 0, stats = 0, ignore = 0, have_filter = 0;
 	int ignore_post = 0;
 	int opt, err, rcvbuf = 4 << 20;
+	unsigned int i;
 	struct sockaddr_nl sa = { .nl_family = AF_NETLINK };
 
-	while ((opt = getopt(argc, argv, "f:OMa:D:c:V:FSv")) != -1) {
+	while ((opt = getopt(argc, argv, "f:POMa:D:c:V:FSv")) != -1) {
 		switch (opt) {
 		case 'f':
 			parse_rule(optarg);
 			have_filter = 1;
+			break;
+		case 'P':
+			rule_flags = VGPU_RULE_F_POST;
 			break;
 		case 'O':
 			filter_flags |= VGPU_FILTER_OPEN;
@@ -378,6 +384,8 @@ int main(int argc, char **argv)
 			return 1;
 		}
 	}
+	for (i = 0; i < n_rules; i++)
+		rules[i].flags = rule_flags;
 	if (have_filter || filter_only) {
 		struct attr a[2] = {
 			{ VGPU_A_FILTER_FLAGS, 4, &filter_flags },

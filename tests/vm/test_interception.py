@@ -53,7 +53,7 @@ class Recorder:
         self.events: list[Event] = []
 
     def filter(self) -> Filter:
-        return Filter(rules=rm_alloc_classes(self.classes))
+        return Filter(rules=rm_alloc_classes(self.classes, post=True))
 
     def decide(self, request: Request) -> Verdict:
         self.requests.append(request)

@@ -437,7 +437,7 @@ def test_slow_path_fail_status(vg: Env, responder_bin: Path, responders) -> None
 
 def test_slow_path_allow_post_and_data(vg: Env, responder_bin: Path, responders) -> None:
     # Every 32-byte RM_ALLOC, with the alloc-params buffer as data.
-    r = start(responders, responder_bin, "-f", f"ctl:{RM_ALLOC:#x}:32:-:16:24:")
+    r = start(responders, responder_bin, "-P", "-f", f"ctl:{RM_ALLOC:#x}:32:-:16:24:")
     fd = vg.open()
     try:
         if vg.nvsim:
@@ -460,6 +460,22 @@ def test_slow_path_allow_post_and_data(vg: Env, responder_bin: Path, responders)
                 alloc(fd, 0x80, pparams, psize)
             up = r.expect("upcall")
             assert int(up["flags"], 16) == flags and up["dlen"] == dlen
+    finally:
+        os.close(fd)
+    r.expect("event kind=2")
+
+
+def test_post_event_only_when_the_rule_asks(vg: Env, responder_bin: Path, responders) -> None:
+    r = start(responders, responder_bin, "-f", f"ctl:{RM_ALLOC:#x}:32:-:-:-")
+    fd = vg.open()
+    try:
+        before = stats()
+        with contextlib.suppress(OSError):
+            alloc(fd, 0x41)
+        r.expect("upcall")
+        after = stats()
+        assert after["upcalls"] == before["upcalls"] + 1
+        assert after["events"] == before["events"]
     finally:
         os.close(fd)
     r.expect("event kind=2")
@@ -641,7 +657,7 @@ def test_filter_validation(vg: Env) -> None:
         bad = [
             rule(0, RM_ALLOC),
             rule(1 << 3, RM_ALLOC),
-            rule(ctl, RM_ALLOC, flags=1),
+            rule(ctl, RM_ALLOC, flags=2),
             rule(ctl, RM_ALLOC, 0, 12, (0x40,), n_match=33),
             rule(ctl, RM_ALLOC, 32, 29, (0x40,)),
             rule(ctl, RM_ALLOC, 32, ptr_off=28, len_off=24),

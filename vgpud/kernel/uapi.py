@@ -21,6 +21,7 @@ RULE_MATCH_MAX = 32
 RULES_MAX = 32
 PARAMS_MAX = 16384
 
+RULE_F_POST = 1 << 0  # a POST event after each allowed call the rule selects
 FILTER_OPEN = 1 << 0
 FILTER_UVM_MMAP = 1 << 1
 
@@ -176,6 +177,7 @@ class Rule:
     ptr_off: int = OFF_NONE
     len_off: int = OFF_NONE
     match: tuple[int, ...] = ()
+    post: bool = False  # VGPU_RULE_F_POST: the policy needs the call's result
 
     def __post_init__(self) -> None:
         if len(self.match) > RULE_MATCH_MAX:
@@ -189,15 +191,16 @@ class Rule:
         match = self.match + (0,) * (RULE_MATCH_MAX - len(self.match))
         return RULE.struct.pack(
             self.node_mask, self.nr, self.size, self.match_off, self.ptr_off,
-            self.len_off, len(self.match), 0, *match,
+            self.len_off, len(self.match), RULE_F_POST if self.post else 0, *match,
         )
 
     @classmethod
     def unpack(cls, buf: bytes | memoryview) -> Rule:
-        node_mask, nr, size, match_off, ptr_off, len_off, n_match, _flags, *match = (
+        node_mask, nr, size, match_off, ptr_off, len_off, n_match, flags, *match = (
             RULE.unpack_exact(buf)
         )
-        return cls(node_mask, nr, size, match_off, ptr_off, len_off, tuple(match[:n_match]))
+        return cls(node_mask, nr, size, match_off, ptr_off, len_off, tuple(match[:n_match]),
+                   bool(flags & RULE_F_POST))
 
 
 @dataclass(frozen=True, slots=True)

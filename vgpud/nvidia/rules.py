@@ -36,13 +36,16 @@ def _keys(values: Iterable[int]) -> tuple[int, ...]:
     return keys
 
 
-def rm_alloc_classes(classes: Iterable[int]) -> tuple[Rule, Rule]:
-    """RM_ALLOC of these object classes, as NVOS21 (32 B) and NVOS64 (48 B)."""
+def rm_alloc_classes(classes: Iterable[int], *, post: bool = False) -> tuple[Rule, Rule]:
+    """RM_ALLOC of these object classes, as NVOS21 (32 B) and NVOS64 (48 B).
+
+    ``post`` (here and below): send a POST event after each allowed call.
+    """
     keys = _keys(classes)
-    return _rm_alloc_rule(NVOS21, keys), _rm_alloc_rule(NVOS64, keys)
+    return _rm_alloc_rule(NVOS21, keys, post), _rm_alloc_rule(NVOS64, keys, post)
 
 
-def _rm_alloc_rule(layout: CStruct, keys: tuple[int, ...]) -> Rule:
+def _rm_alloc_rule(layout: CStruct, keys: tuple[int, ...], post: bool) -> Rule:
     return Rule(
         node_mask=_RM_NODES,
         nr=Escape.RM_ALLOC,
@@ -51,10 +54,11 @@ def _rm_alloc_rule(layout: CStruct, keys: tuple[int, ...]) -> Rule:
         ptr_off=layout.offsets["pAllocParms"],
         len_off=layout.offsets["paramsSize"],
         match=keys,
+        post=post,
     )
 
 
-def rm_control_cmds(cmds: Iterable[int]) -> Rule:
+def rm_control_cmds(cmds: Iterable[int], *, post: bool = False) -> Rule:
     """RM_CONTROL of these command ids, with their params copied."""
     return Rule(
         node_mask=_RM_NODES,
@@ -64,20 +68,21 @@ def rm_control_cmds(cmds: Iterable[int]) -> Rule:
         ptr_off=NVOS54.offsets["params"],
         len_off=NVOS54.offsets["paramsSize"],
         match=_keys(cmds),
+        post=post,
     )
 
 
-def rm_free() -> Rule:
+def rm_free(*, post: bool = False) -> Rule:
     """Every RM_FREE (NVOS00)."""
-    return Rule(node_mask=_RM_NODES, nr=Escape.RM_FREE, size=NVOS00.size)
+    return Rule(node_mask=_RM_NODES, nr=Escape.RM_FREE, size=NVOS00.size, post=post)
 
 
-def rm_dup_object() -> Rule:
+def rm_dup_object(*, post: bool = False) -> Rule:
     """Every RM_DUP_OBJECT (NVOS55)."""
-    return Rule(node_mask=_RM_NODES, nr=Escape.RM_DUP_OBJECT, size=NVOS55.size)
+    return Rule(node_mask=_RM_NODES, nr=Escape.RM_DUP_OBJECT, size=NVOS55.size, post=post)
 
 
-def rm_alloc_memory_classes(classes: Iterable[int]) -> Rule:
+def rm_alloc_memory_classes(classes: Iterable[int], *, post: bool = False) -> Rule:
     """RM_ALLOC_MEMORY (NVOS02 + fd, on the GPU node only) of these classes."""
     return Rule(
         node_mask=1 << Node.GPU,
@@ -85,10 +90,11 @@ def rm_alloc_memory_classes(classes: Iterable[int]) -> Rule:
         size=NVOS02_WITH_FD.size,
         match_off=NVOS02_WITH_FD.offsets["hClass"],
         match=_keys(classes),
+        post=post,
     )
 
 
-def rm_vid_heap_functions(functions: Iterable[int]) -> Rule:
+def rm_vid_heap_functions(functions: Iterable[int], *, post: bool = False) -> Rule:
     """RM_VID_HEAP_CONTROL (NVOS32) of these functions (ALLOC_SIZE, FREE...)."""
     return Rule(
         node_mask=_RM_NODES,
@@ -96,6 +102,7 @@ def rm_vid_heap_functions(functions: Iterable[int]) -> Rule:
         size=NVOS32.size,
         match_off=NVOS32.offsets["function"],
         match=_keys(functions),
+        post=post,
     )
 
 

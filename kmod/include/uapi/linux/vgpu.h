@@ -56,7 +56,7 @@ enum vgpu_node {
  *	into the upcall (VGPU_A_DATA); VGPU_OFF_NONE for none
  * @len_off: offset in params of the u32 byte length of that buffer
  * @n_match: number of valid entries in @match
- * @flags: reserved, must be 0
+ * @flags: VGPU_RULE_F_*
  * @match: keys that select the slow path
  */
 struct vgpu_rule {
@@ -70,6 +70,9 @@ struct vgpu_rule {
 	__u32 flags;
 	__u32 match[VGPU_RULE_MATCH_MAX];
 };
+
+/* struct vgpu_rule flags */
+#define VGPU_RULE_F_POST	(1U << 0) /* POST event after an allowed call */
 
 /* VGPU_A_FILTER_FLAGS */
 #define VGPU_FILTER_OPEN	(1U << 0)	/* upcall every open for a verdict */
@@ -195,7 +198,7 @@ struct vgpu_verdict {
 
 /* enum vgpu_event_kind - notifications that need no answer */
 enum vgpu_event_kind {
-	VGPU_EVENT_POST = 1,	/* an allowed slow-path call returned */
+	VGPU_EVENT_POST = 1,	/* an allowed call returned (VGPU_RULE_F_POST) */
 	VGPU_EVENT_CLOSE = 2,	/* the last reference to a context is gone */
 };
 
