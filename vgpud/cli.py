@@ -27,9 +27,8 @@ from rich.console import Console
 from rich.table import Table
 
 from vgpud.admin.client import AdminClient, DaemonUnavailable
-from vgpud.kernel.channel import ChannelError, GenlChannel
+from vgpud.kernel.channel import ChannelError, query_module_stats
 from vgpud.kernel.codec import DecodeError
-from vgpud.kernel.uapi import Stats
 
 __all__ = ["main"]
 
@@ -45,14 +44,6 @@ _NOPERM_ERRORS = frozenset({
 U32 = click.IntRange(0, 2**32 - 1)
 
 
-async def _query_stats() -> Stats:
-    channel = await GenlChannel.open()
-    try:
-        return await channel.get_stats()
-    finally:
-        channel.close()
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Inspect and control vgpud and the vgpu kernel module."""
@@ -63,7 +54,7 @@ def main() -> None:
 def module_stats(as_json: bool) -> None:
     """The vgpu module's counters (VGPU_CMD_GET_STATS)."""
     try:
-        stats = asyncio.run(_query_stats())
+        stats = asyncio.run(query_module_stats())
     except (ChannelError, DecodeError) as exc:
         click.echo(f"vgpuctl: {exc}", err=True)
         raise SystemExit(EX_UNAVAILABLE) from None
@@ -87,15 +78,8 @@ def _fail(message: str, status: int) -> NoReturn:
 def _daemon(action: Callable[[AdminClient], Awaitable[T]]) -> T:
     """Run `action` against vgpud; daemon errors become exit statuses."""
 
-    async def run() -> T:
-        client = await AdminClient.connect()
-        try:
-            return await action(client)
-        finally:
-            client.close()
-
     try:
-        return asyncio.run(run())
+        return asyncio.run(AdminClient.run(action))
     except DaemonUnavailable as e:
         _fail(str(e), EX_UNAVAILABLE)
     except DBusError as e:

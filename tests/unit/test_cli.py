@@ -25,7 +25,7 @@ def stats(monkeypatch: pytest.MonkeyPatch):
     async def query():
         return stats
 
-    monkeypatch.setattr(cli, "_query_stats", query)
+    monkeypatch.setattr(cli, "query_module_stats", query)
     return stats
 
 

@@ -33,14 +33,7 @@ T = TypeVar("T")
 
 
 def with_client(action: Callable[[AdminClient], Awaitable[T]]) -> T:
-    async def run() -> T:
-        client = await AdminClient.connect()
-        try:
-            return await action(client)
-        finally:
-            client.close()
-
-    return asyncio.run(run())
+    return asyncio.run(AdminClient.run(action))
 
 
 def call(member: str, signature: str = "", *body: Any) -> Any:

@@ -29,7 +29,7 @@ import nvclient as nv
 from conftest import set_param
 
 from vgpud.daemon import Dispatcher
-from vgpud.kernel.channel import GenlChannel
+from vgpud.kernel.channel import GenlChannel, query_module_stats
 from vgpud.kernel.codec import CloseEvent, Event, PostEvent
 from vgpud.kernel.uapi import ALLOW, Filter, Stats, Verdict
 from vgpud.nvidia.escapes import NvStatus
@@ -269,15 +269,7 @@ def test_mmap_through_vgpu_shares_pages_with_direct_mapping(vgpu: Path, nvsim: P
 
 def vgpu_stats() -> dict[str, int]:
     """The module's counters, read as vgpuctl module-stats reads them."""
-
-    async def query() -> Stats:
-        channel = await GenlChannel.open()
-        try:
-            return await channel.get_stats()
-        finally:
-            channel.close()
-
-    return asdict(asyncio.run(query()))
+    return asdict(asyncio.run(query_module_stats()))
 
 
 WAITER = r"""

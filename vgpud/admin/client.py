@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from dbus_fast import BusType, DBusError, Message, MessageType, unpack_variants
 from dbus_fast.aio import MessageBus
 
 from vgpud.admin.dbus import BUS_NAME, MANAGER_INTERFACE, MANAGER_PATH, TENANT_INTERFACE
+
+T = TypeVar("T")
 
 __all__ = ["AdminClient", "DaemonUnavailable"]
 
@@ -39,6 +42,15 @@ class AdminClient:
 
     def close(self) -> None:
         self.bus.disconnect()
+
+    @classmethod
+    async def run(cls, action: Callable[[AdminClient], Awaitable[T]]) -> T:
+        """Connect, run ``action`` with the client, disconnect."""
+        client = await cls.connect()
+        try:
+            return await action(client)
+        finally:
+            client.close()
 
     async def call(self, member: str, signature: str = "", *body: Any) -> Any:
         """Call org.vgpud1.Manager.`member`; its single result (None if none).

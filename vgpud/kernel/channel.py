@@ -42,6 +42,7 @@ __all__ = [
     "ProtocolMismatch",
     "RequestFailed",
     "UpcallHandler",
+    "query_module_stats",
     "resolve_family",
 ]
 
@@ -346,6 +347,15 @@ class GenlChannel:
                 pending.future.set_exception(ChannelError(f"channel closed: {exc}"))
         if self._closed is not None and not self._closed.done():
             self._closed.set_result(None)
+
+
+async def query_module_stats() -> Stats:
+    """The module's counters on a channel of their own (vgpuctl, tests)."""
+    channel = await GenlChannel.open()
+    try:
+        return await channel.get_stats()
+    finally:
+        channel.close()
 
 
 def _set_rcvbuf(sock: socket.socket, size: int) -> None:
