@@ -85,7 +85,7 @@ def stats_msg(seq: int, stats: Stats) -> bytes:
 
 
 def make_stats(**kw: int) -> Stats:
-    values = dict.fromkeys(uapi.STATS.offsets, 0) | {"version": 1} | kw
+    values = dict.fromkeys(uapi.STATS.offsets, 0) | {"version": uapi.PROTO_VERSION} | kw
     return Stats(**values)
 
 

@@ -20,6 +20,7 @@ from fakekernel import FAMILY, FakeKernel, upcall_msg
 
 from vgpud import daemon
 from vgpud.daemon import Daemon, Dispatcher, Notifier, watchdog_interval
+from vgpud.kernel import uapi
 from vgpud.kernel.channel import GenlChannel
 from vgpud.kernel.uapi import Cmd, VerdictAction
 from vgpud.nvidia import layouts as L
@@ -69,7 +70,7 @@ def test_ready_serve_and_graceful_stop(tmp_path: Path, caplog: pytest.LogCapture
     async def main():
         serving = asyncio.create_task(world.daemon().serve())
         assert await world.notification() == "READY=1\nSTATUS=serving upcalls"
-        assert "registered with vgpu module (protocol v1)" in caplog.messages
+        assert f"registered with vgpu module (protocol v{uapi.PROTO_VERSION})" in caplog.messages
         assert world.kernel.filters == [DenyClasses({0x40}).filter()]
         world.kernel.send(upcall_msg(ALLOC21, id=5, nr=0x2B))
         assert await world.kernel.verdicts.get() == (

@@ -15,7 +15,8 @@ UAPI_DIR = ROOT / "kmod/include/uapi"
 
 # Pinned on this side too, so that a change on both sides still shows up.
 SIZES = {"vgpu_rule": 160, "vgpu_upcall": 80, "vgpu_verdict": 32, "vgpu_event": 32,
-         "vgpu_stats": 120, "vgpu_mmap_params": 24}
+         "vgpu_stats": 120, "vgpu_mmap_params": 24, "vgpu_context": 40,
+         "vgpu_sched": 24, "vgpu_sched_result": 8}
 
 
 def c_layouts(tmp_path: Path, header: str, layouts, prelude: str = "") -> dict[str, int]:

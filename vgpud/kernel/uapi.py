@@ -1,4 +1,4 @@
-"""Mirror of kmod/include/uapi/linux/vgpu.h (protocol v1).
+"""Mirror of kmod/include/uapi/linux/vgpu.h (protocol v2).
 
 Kept in agreement with the header by tests/unit/test_uapi_header.py (values)
 and tests/unit/test_uapi_layout.py (sizes and offsets, from gcc).
@@ -14,7 +14,7 @@ from vgpud.kernel.cstruct import CStruct
 
 GENL_NAME = "vgpu"
 GENL_VERSION = 1
-PROTO_VERSION = 1
+PROTO_VERSION = 2
 
 OFF_NONE = 0xFFFFFFFF
 RULE_MATCH_MAX = 32
@@ -22,6 +22,7 @@ RULES_MAX = 32
 PARAMS_MAX = 16384
 
 RULE_F_POST = 1 << 0  # a POST event after each allowed call the rule selects
+RULE_F_SHADOW = 1 << 1  # the driver reads the module's checked copy of the blocks
 FILTER_OPEN = 1 << 0
 FILTER_UVM_MMAP = 1 << 1
 
@@ -30,6 +31,9 @@ UPCALL_F_DATA_FAULT = 1 << 1
 UPCALL_F_DATA_BIG = 1 << 2
 
 VERDICT_F_POST = 1 << 0
+
+LIST_MAX = 1024  # contexts in one LIST_CONTEXTS reply
+SCHED_MAX = 256  # entries in one SCHEDULE request
 
 ERRNO_MAX = 4095
 
@@ -68,6 +72,8 @@ class Cmd(IntEnum):
     VERDICT = 5
     EVENT = 6
     UNREGISTER = 7
+    LIST_CONTEXTS = 8
+    SCHEDULE = 9
 
 
 CMD_MAX = max(Cmd)
@@ -85,6 +91,10 @@ class Attr(IntEnum):
     CGROUP = 8
     VERDICT = 9
     EVENT = 10
+    CURSOR = 11
+    CONTEXTS = 12
+    SCHED = 13
+    SCHED_RESULT = 14
 
 
 ATTR_MAX = max(Attr)
@@ -163,7 +173,34 @@ STATS = CStruct(
     )),
 )
 
-LAYOUTS = (RULE, UPCALL, VERDICT, EVENT, STATS, MMAP_PARAMS)
+CONTEXT = CStruct(
+    "vgpu_context",
+    ("ctx_id", "Q"),
+    ("cgroup_id", "Q"),
+    ("node", "I"),
+    ("minor", "I"),
+    ("pid", "I"),
+    ("tgid", "I"),
+    ("uid", "I"),
+    ("gid", "I"),
+)
+
+SCHED = CStruct(
+    "vgpu_sched",
+    ("ctx_id", "Q"),
+    ("h_client", "I"),
+    ("h_object", "I"),
+    ("enable", "I"),
+    ("reserved", "I"),
+)
+
+SCHED_RESULT = CStruct(
+    "vgpu_sched_result",
+    ("error", "i"),
+    ("status", "I"),
+)
+
+LAYOUTS = (RULE, UPCALL, VERDICT, EVENT, STATS, MMAP_PARAMS, CONTEXT, SCHED, SCHED_RESULT)
 
 
 @dataclass(frozen=True, slots=True)

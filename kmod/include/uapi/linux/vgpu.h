@@ -15,6 +15,9 @@
  * Changelog (VGPU_PROTO_VERSION):
  *   1: initial protocol (OPEN/IOCTL upcalls, ALLOW/DENY/FAIL_STATUS,
  *      POST/CLOSE events); REPLY verdicts and POST upcalls.
+ *   2: VGPU_RULE_F_SHADOW (the driver reads the checked copy);
+ *      VGPU_CMD_LIST_CONTEXTS (live contexts, for a restarted daemon);
+ *      VGPU_CMD_SCHEDULE (channel-group scheduling through the owner's file).
  *
  * The protocol is append-only: new commands, attributes and enum values are
  * added at the end; existing layouts never change.
@@ -26,7 +29,7 @@
 
 #define VGPU_GENL_NAME		"vgpu"
 #define VGPU_GENL_VERSION	1
-#define VGPU_PROTO_VERSION	1
+#define VGPU_PROTO_VERSION	2
 
 /* Kinds of emulated node. A rule's node_mask is a set of (1 << node). */
 enum vgpu_node {
@@ -73,6 +76,14 @@ struct vgpu_rule {
 
 /* struct vgpu_rule flags */
 #define VGPU_RULE_F_POST	(1U << 0) /* POST event after an allowed call */
+/*
+ * The driver reads the module's checked copy: an allowed call is handed to
+ * the driver with the params block (and the rule's buffer) exactly as the
+ * upcall carried them, from memory the caller did not pass, and the
+ * driver's results are copied back to the caller's blocks afterwards. A
+ * caller's thread rewriting its params during the call changes nothing.
+ */
+#define VGPU_RULE_F_SHADOW	(1U << 1)
 
 /* VGPU_A_FILTER_FLAGS */
 #define VGPU_FILTER_OPEN	(1U << 0)	/* upcall every open for a verdict */
@@ -261,6 +272,58 @@ struct vgpu_stats {
 	__u64 mmaps;
 };
 
+/**
+ * struct vgpu_context - one live context (VGPU_A_CONTEXTS entry)
+ * @ctx_id: the context
+ * @cgroup_id: cgroup v2 id of the opener
+ * @node: enum vgpu_node
+ * @minor: GPU index for VGPU_NODE_GPU, else 0
+ * @pid: opener's thread id
+ * @tgid: opener's process id
+ * @uid: opener's fsuid
+ * @gid: opener's fsgid
+ */
+struct vgpu_context {
+	__u64 ctx_id;
+	__u64 cgroup_id;
+	__u32 node;
+	__u32 minor;
+	__u32 pid;
+	__u32 tgid;
+	__u32 uid;
+	__u32 gid;
+};
+
+/* Most entries in one LIST_CONTEXTS reply or one SCHEDULE request. */
+#define VGPU_LIST_MAX		1024
+#define VGPU_SCHED_MAX		256
+
+/**
+ * struct vgpu_sched - turn one channel group's scheduling on or off
+ * @ctx_id: the context (a nvidiactl file) whose client owns the group
+ * @h_client: the RM client
+ * @h_object: the channel group (KEPLER_CHANNEL_GROUP_A)
+ * @enable: 1 on, 0 off
+ * @reserved: zero
+ */
+struct vgpu_sched {
+	__u64 ctx_id;
+	__u32 h_client;
+	__u32 h_object;
+	__u32 enable;
+	__u32 reserved;
+};
+
+/**
+ * struct vgpu_sched_result - outcome of one struct vgpu_sched, same order
+ * @error: 0, or a negative errno (no such context: -ENOENT; the ioctl's)
+ * @status: the NVIDIA status the driver returned (NV_OK = 0)
+ */
+struct vgpu_sched_result {
+	__s32 error;
+	__u32 status;
+};
+
 /* enum vgpu_cmd - generic netlink commands of the family */
 enum vgpu_cmd {
 	VGPU_CMD_UNSPEC,
@@ -278,6 +341,17 @@ enum vgpu_cmd {
 	VGPU_CMD_EVENT,
 	/* daemon -> kernel: stops being the responder */
 	VGPU_CMD_UNREGISTER,
+	/*
+	 * daemon -> kernel: CURSOR (first ctx_id wanted); the reply carries
+	 * CONTEXTS (ascending ctx_id, at most VGPU_LIST_MAX) and CURSOR (next
+	 * ctx_id to ask for, 0 when the list is complete)
+	 */
+	VGPU_CMD_LIST_CONTEXTS,
+	/*
+	 * daemon -> kernel (registered daemon only): SCHED, applied in order
+	 * through each owner's backing file; the reply carries SCHED_RESULT
+	 */
+	VGPU_CMD_SCHEDULE,
 
 	__VGPU_CMD_MAX,
 };
@@ -297,6 +371,10 @@ enum vgpu_attr {
 	VGPU_A_CGROUP,		/* string, cgroup v2 path of the opener */
 	VGPU_A_VERDICT,		/* struct vgpu_verdict (+ PARAMS, DATA: REPLY) */
 	VGPU_A_EVENT,		/* struct vgpu_event */
+	VGPU_A_CURSOR,		/* u64 */
+	VGPU_A_CONTEXTS,	/* array of struct vgpu_context */
+	VGPU_A_SCHED,		/* array of struct vgpu_sched */
+	VGPU_A_SCHED_RESULT,	/* array of struct vgpu_sched_result */
 
 	__VGPU_A_MAX,
 };
