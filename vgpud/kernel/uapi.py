@@ -336,3 +336,44 @@ class Stats:
     @classmethod
     def unpack(cls, buf: bytes | memoryview) -> Stats:
         return cls(*STATS.unpack_exact(buf))
+
+
+class Context(NamedTuple):
+    """struct vgpu_context: one live context, as LIST_CONTEXTS reports it."""
+
+    ctx_id: int
+    cgroup_id: int
+    node: Node
+    minor: int
+    pid: int
+    tgid: int
+    uid: int
+    gid: int
+
+    @classmethod
+    def unpack(cls, buf: bytes | memoryview) -> Context:
+        ctx_id, cgroup_id, node, *rest = CONTEXT.unpack_exact(buf)
+        return cls(ctx_id, cgroup_id, Node(node), *rest)
+
+
+class Sched(NamedTuple):
+    """struct vgpu_sched: turn one channel group's scheduling on or off."""
+
+    ctx_id: int
+    h_client: int
+    h_object: int
+    enable: bool
+
+    def pack(self) -> bytes:
+        return SCHED.struct.pack(self.ctx_id, self.h_client, self.h_object, int(self.enable), 0)
+
+
+class SchedResult(NamedTuple):
+    """struct vgpu_sched_result: 0 or -errno, and the driver's NVIDIA status."""
+
+    error: int
+    status: int
+
+    @classmethod
+    def unpack(cls, buf: bytes | memoryview) -> SchedResult:
+        return cls(*SCHED_RESULT.unpack_exact(buf))
