@@ -22,6 +22,8 @@ import nvclient as nv
 from conftest import NVSIM_DIR, NVSIM_KO, insmod, rmmod, wait_path
 from dbus_fixtures import PrivateBus
 
+from vgpud.kernel.channel import GenlChannel
+
 pytestmark = pytest.mark.vm
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -32,6 +34,7 @@ MiB = 1 << 20
 CONFIG = """\
 [daemon]
 state_path = "{state}"
+charges_path = "{charges}"
 
 [[tenant]]
 name = "a"
@@ -71,7 +74,8 @@ def quota_daemon(vgpu: Path, daemon_factory, tmp_path: Path) -> Iterator[tuple]:
     bus = PrivateBus()
     os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = bus.address
     config = tmp_path / "vgpud.toml"
-    config.write_text(CONFIG.format(state=tmp_path / "state.json"))
+    config.write_text(CONFIG.format(state=tmp_path / "state.json",
+                                    charges=tmp_path / "run" / "charges"))
     daemon = daemon_factory("--config", str(config)).start()
     try:
         yield daemon, config
@@ -188,3 +192,58 @@ def test_no_tenant_means_the_open_is_refused(quota_daemon) -> None:
     # The test process itself is in no tenant's cgroup and there is no default.
     with pytest.raises(PermissionError):
         nv.NvNodes("/dev/vgpu").open_ctl()
+
+
+def test_legacy_fb_info_and_heap_info_report_the_limit(quota_daemon, cgroups) -> None:
+    holder = Workload(cgroups["a"], "alloc", "256MiB", "1", "--hold")
+    try:
+        assert holder.lines(1)[0]["status"] == 0
+        holder.wait_holding()
+        # FB_GET_INFO: its list, in the caller's memory, rewritten by the daemon
+        view = Workload(cgroups["a"], "fbinfo1").lines(1)[0]
+        assert (view["errno"], view["status"]) == (0, 0)
+        assert view["total_ram_size"] == view["heap_size"] == (1 << 30) >> 10
+        assert view["heap_free"] == (768 * MiB) >> 10
+        # RM_VID_HEAP_CONTROL INFO: bytes
+        heap = Workload(cgroups["a"], "heapinfo").lines(1)[0]
+        assert (heap["errno"], heap["status"]) == (0, 0)
+        assert (heap["total"], heap["free"]) == (1 << 30, 768 * MiB)
+        assert heap["largest"] <= 768 * MiB
+        # tenant b's own view, on the same GPU
+        heap = Workload(cgroups["b"], "heapinfo").lines(1)[0]
+        assert (heap["total"], heap["free"]) == (2 << 30, 2 << 30)
+    finally:
+        holder.release()
+
+
+@pytest.mark.skipif(not hasattr(GenlChannel, "list_contexts"),
+                    reason="GenlChannel.list_contexts (VGPU_CMD_LIST_CONTEXTS) is not built yet")
+def test_sigkill_and_restart_keep_the_charges(quota_daemon, cgroups, daemon_factory) -> None:
+    daemon, config = quota_daemon
+    kept = Workload(cgroups["a"], "alloc", "256MiB", "3", "--hold")
+    gone = Workload(cgroups["a"], "alloc", "128MiB", "1", "--hold")
+    restarted = None
+    try:
+        assert [r["status"] for r in kept.lines(3)] == [0, 0, 0]
+        kept.wait_holding()
+        assert gone.lines(1)[0]["status"] == 0
+        gone.wait_holding()
+        assert used("a") == 896 * MiB
+
+        daemon.kill()  # SIGKILL
+        gone.release()  # its context closes while no daemon runs: the CLOSE event is lost
+        restarted = daemon_factory("--config", str(config)).start()
+
+        assert used("a") == 768 * MiB
+        assert Workload(cgroups["a"], "alloc", "512MiB", "1").lines(1)[0]["status"] == 0x51
+        assert Workload(cgroups["a"], "alloc", "256MiB", "1").lines(1)[0]["status"] == 0
+        assert used("a") == 768 * MiB  # that one closed again
+    except BaseException:
+        if restarted is not None:
+            print(restarted.log())
+        raise
+    finally:
+        for w in (kept, gone):
+            if w.proc.poll() is None:
+                w.release()
+    assert used("a") == 0
