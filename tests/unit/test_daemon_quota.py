@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from dbus_fast import BusType
 from dbus_fast.aio import MessageBus
 from dbus_fixtures import system_bus_fixture  # noqa: F401
-from fakekernel import FAMILY, post_event_msg, upcall_msg
+from fakekernel import FAMILY, make_context, post_event_msg, upcall_msg
 from test_daemon import World as _World
 
 from vgpud import daemon
@@ -23,15 +23,7 @@ from vgpud.admin.dbus import BUS_NAME
 from vgpud.daemon import Daemon, Dispatcher, Notifier, build_quota
 from vgpud.inventory import GpuInfo
 from vgpud.kernel import codec
-from vgpud.kernel.channel import ChannelError, GenlChannel
-from vgpud.kernel.uapi import (
-    FILTER_OPEN,
-    FILTER_UVM_MMAP,
-    Context,
-    Node,
-    UpcallKind,
-    VerdictAction,
-)
+from vgpud.kernel.uapi import FILTER_OPEN, FILTER_UVM_MMAP, Cmd, UpcallKind, VerdictAction
 from vgpud.nvidia import layouts as L
 
 GIB, MIB = 2**30, 2**20
@@ -179,10 +171,6 @@ def test_close_of_unknown_context_and_errno(tmp_path: Path) -> None:
 
 
 
-def _live(*ctx_ids: int) -> list[Context]:
-    return [Context(c, 0x100, Node.CTL, 0, 100, 100, 1000, 1000) for c in ctx_ids]
-
-
 async def _serve_and_allocate(world: World) -> None:
     """Contexts 7 and 8 of tenant a hold 512 and 256 MiB; then SIGTERM."""
     serving = asyncio.create_task(world.daemon().serve())
@@ -201,31 +189,25 @@ async def _serve_and_allocate(world: World) -> None:
 
 
 def test_restart_keeps_the_charges_of_live_contexts(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    asked: list[bool] = []
-
-    async def list_contexts(self: GenlChannel) -> list[Context]:
-        asked.append(True)
-        return _live(7, 9)  # 8 was closed while no daemon ran
-
-    monkeypatch.setattr(GenlChannel, "list_contexts", list_contexts, raising=False)
     caplog.set_level(logging.INFO)
     first = World(tmp_path, "off")
     assert not first.policy.restored
     run(_serve_and_allocate(first))
-    assert not asked  # nothing was restored: no question to the module
+    assert Cmd.LIST_CONTEXTS not in first.kernel.requests  # nothing restored: no question
     assert first.admin.manager.usage("a")[0].charged == 768 * MIB
     first.close()
     (tmp_path / "notify").unlink()
 
     again = World(tmp_path, "off")
     assert again.policy.restored == {7, 8}
+    again.kernel.contexts = [make_context(7), make_context(9)]  # 8 closed while no daemon ran
 
     async def main():
         serving = asyncio.create_task(again.daemon().serve())
         assert (await again.notification()).startswith("READY=1")
-        assert asked == [True]
+        assert Cmd.LIST_CONTEXTS in again.kernel.requests
         assert again.admin.manager.usage("a")[0].charged == 512 * MIB
         assert again.admin.manager.contexts("a") == 1
         params, alloc = mem_alloc(600 * MIB)  # 512 + 600 MiB > 1 GiB: still refused
@@ -241,17 +223,14 @@ def test_restart_keeps_the_charges_of_live_contexts(
 
 
 def test_restart_keeps_every_charge_when_the_module_cannot_list(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    async def list_contexts(self: GenlChannel) -> list[Context]:
-        raise ChannelError("LIST_CONTEXTS: Operation not supported")
-
-    monkeypatch.setattr(GenlChannel, "list_contexts", list_contexts, raising=False)
     first = World(tmp_path, "off")
     run(_serve_and_allocate(first))
     first.close()
     (tmp_path / "notify").unlink()
     again = World(tmp_path, "off")
+    again.kernel.errors[Cmd.LIST_CONTEXTS] = errno.EOPNOTSUPP
 
     async def main():
         serving = asyncio.create_task(again.daemon().serve())

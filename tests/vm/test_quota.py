@@ -19,10 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
 import nvclient as nv
-from conftest import NVSIM_DIR, NVSIM_KO, insmod, rmmod, wait_path
+from conftest import NVSIM_DIR, NVSIM_KO, VGPU_DIR, VGPU_KO, insmod, rmmod, wait_path
 from dbus_fixtures import PrivateBus
 
-from vgpud.kernel.channel import GenlChannel
+from vgpud.journal import current_identity
 
 pytestmark = pytest.mark.vm
 
@@ -115,6 +115,14 @@ class Workload:
         self.proc.wait()
 
 
+def once(cgroup: Path, *args: str) -> dict:
+    """A workload's one line of output, once it has exited (its cgroup can go)."""
+    w = Workload(cgroup, *args)
+    line = w.lines(1)[0]
+    w.proc.communicate(timeout=30)
+    return line
+
+
 def vgpuctl(*args: str) -> dict | list:
     out = subprocess.run([sys.executable, "-m", "vgpud.cli", *args, "--json"], check=True,
                          capture_output=True, text=True).stdout
@@ -200,24 +208,22 @@ def test_legacy_fb_info_and_heap_info_report_the_limit(quota_daemon, cgroups) ->
         assert holder.lines(1)[0]["status"] == 0
         holder.wait_holding()
         # FB_GET_INFO: its list, in the caller's memory, rewritten by the daemon
-        view = Workload(cgroups["a"], "fbinfo1").lines(1)[0]
+        view = once(cgroups["a"], "fbinfo1")
         assert (view["errno"], view["status"]) == (0, 0)
         assert view["total_ram_size"] == view["heap_size"] == (1 << 30) >> 10
         assert view["heap_free"] == (768 * MiB) >> 10
         # RM_VID_HEAP_CONTROL INFO: bytes
-        heap = Workload(cgroups["a"], "heapinfo").lines(1)[0]
+        heap = once(cgroups["a"], "heapinfo")
         assert (heap["errno"], heap["status"]) == (0, 0)
         assert (heap["total"], heap["free"]) == (1 << 30, 768 * MiB)
         assert heap["largest"] <= 768 * MiB
         # tenant b's own view, on the same GPU
-        heap = Workload(cgroups["b"], "heapinfo").lines(1)[0]
+        heap = once(cgroups["b"], "heapinfo")
         assert (heap["total"], heap["free"]) == (2 << 30, 2 << 30)
     finally:
         holder.release()
 
 
-@pytest.mark.skipif(not hasattr(GenlChannel, "list_contexts"),
-                    reason="GenlChannel.list_contexts (VGPU_CMD_LIST_CONTEXTS) is not built yet")
 def test_sigkill_and_restart_keep_the_charges(quota_daemon, cgroups, daemon_factory) -> None:
     daemon, config = quota_daemon
     kept = Workload(cgroups["a"], "alloc", "256MiB", "3", "--hold")
@@ -235,8 +241,8 @@ def test_sigkill_and_restart_keep_the_charges(quota_daemon, cgroups, daemon_fact
         restarted = daemon_factory("--config", str(config)).start()
 
         assert used("a") == 768 * MiB
-        assert Workload(cgroups["a"], "alloc", "512MiB", "1").lines(1)[0]["status"] == 0x51
-        assert Workload(cgroups["a"], "alloc", "256MiB", "1").lines(1)[0]["status"] == 0
+        assert once(cgroups["a"], "alloc", "512MiB", "1")["status"] == 0x51
+        assert once(cgroups["a"], "alloc", "256MiB", "1")["status"] == 0
         assert used("a") == 768 * MiB  # that one closed again
     except BaseException:
         if restarted is not None:
@@ -247,3 +253,17 @@ def test_sigkill_and_restart_keep_the_charges(quota_daemon, cgroups, daemon_fact
             if w.proc.poll() is None:
                 w.release()
     assert used("a") == 0
+
+
+def test_each_load_of_vgpu_is_another_journal_identity(nvsim: Path) -> None:
+    """Context ids restart at each load: a journal must not outlive its load."""
+    identities = []
+    for _ in range(2):
+        insmod(VGPU_KO, f"backing_dir={nvsim}")
+        wait_path(VGPU_DIR / "nvidiactl")
+        identities.append(current_identity())
+        assert rmmod("vgpu").returncode == 0
+    first, second = identities
+    assert first.boot_id == second.boot_id
+    assert first.module != second.module
+    assert current_identity().module == "absent"
