@@ -262,7 +262,7 @@ class Admin:
             return
         try:
             live = await channel.list_contexts()
-        except ChannelError as exc:
+        except (ChannelError, DecodeError) as exc:
             log.warning("cannot list the live contexts (%s): every restored charge is kept "
                         "until its context closes", exc)
             return
