@@ -7,11 +7,14 @@ the two nodes it compares so that both see the same noise:
    against the same call straight on /dev/nvsim/nvidiactl;
 2. slow path: the same call selected by a rule, so that each call is an
    upcall, a verdict and a forward; answered by the minimal C responder
-   (tests/bench/c_responder.c), by the floor of a Python responder
-   (tests/bench/py_responder.py: blocking recv, struct) and by vgpud. The
-   figure of merit is the ratio vgpud / C responder at p50 and p99;
+   (tests/bench/c_responder.c), by the same with the rule asking for shadow
+   calls (VGPU_RULE_F_SHADOW: the module's own cost of the checked copy), by
+   the floor of a Python responder (tests/bench/py_responder.py: blocking
+   recv, struct) and by vgpud. The figure of merit is the ratio vgpud / C
+   responder at p50 and p99;
 3. allocation round trip: a 1 MiB memory allocation and its free through
-   vgpud's slow path, against the same pair straight on nvsim.
+   vgpud's slow path, with and without shadow calls, against the same pair
+   straight on nvsim.
 
 Prints a table of figures; asserts nothing (see docs/performance.md).
 """
@@ -110,13 +113,14 @@ def main() -> None:
     print(f"  ratio p50 {via[0] / direct[0]:.3f}  (target <= 1.05)\n")
 
     slow: dict[str, tuple[int, int, int, int]] = {}
-    c = subprocess.Popen([str(resp), "-f", rule], stdout=subprocess.PIPE, text=True)
-    try:
-        wait_ready(c, "c_responder")
-        slow["C responder"] = measure(lat, args.rounds, args.slow_calls)["/dev/vgpu/nvidiactl"]
-    finally:
-        c.terminate()
-        c.wait()
+    for name, flags in (("C responder", ()), ("C + shadow", ("-W",))):
+        c = subprocess.Popen([str(resp), "-f", rule, *flags], stdout=subprocess.PIPE, text=True)
+        try:
+            wait_ready(c, "c_responder")
+            slow[name] = measure(lat, args.rounds, args.slow_calls)["/dev/vgpu/nvidiactl"]
+        finally:
+            c.terminate()
+            c.wait()
     py = subprocess.Popen([sys.executable, str(ROOT / "tests/bench/py_responder.py"),
                            f"control:{CTRL:#x}"], stdout=subprocess.PIPE, text=True)
     try:
@@ -132,6 +136,11 @@ def main() -> None:
         vg_alloc = alloc_free_ns(nv.NvNodes("/dev/vgpu"), args.allocs)
     finally:
         d.stop()
+    d = Daemon("--filter", "alloc+shadow:0x40", log_level="warning").start()
+    try:
+        vg_shadow = alloc_free_ns(nv.NvNodes("/dev/vgpu"), args.allocs)
+    finally:
+        d.stop()
     print("slow path (rule matches: upcall, verdict ALLOW, forward)")
     for name, (p50, _p90, p99, _mean) in slow.items():
         print(f"  {name:12s}  p50 {p50:7d} ns  p99 {p99:7d} ns")
@@ -139,13 +148,18 @@ def main() -> None:
     print(f"  ratio vgpud / C responder: p50 {vg[0] / cr[0]:.2f}, p99 {vg[2] / cr[2]:.2f}"
           "  (target <= 1.6)")
     print(f"  ratio Python floor / C responder: p50 {pf[0] / cr[0]:.2f}, p99 {pf[2] / cr[2]:.2f}")
-    print(f"  ratio vgpud / Python floor: p50 {vg[0] / pf[0]:.2f}, p99 {vg[2] / pf[2]:.2f}\n")
+    print(f"  ratio vgpud / Python floor: p50 {vg[0] / pf[0]:.2f}, p99 {vg[2] / pf[2]:.2f}")
+    cs = slow["C + shadow"]
+    print(f"  shadow call cost (C + shadow - C responder): p50 {cs[0] - cr[0]} ns, "
+          f"p99 {cs[2] - cr[2]} ns\n")
 
     direct_alloc = alloc_free_ns(nv.NvNodes("/dev/nvsim"), args.allocs)
     print("allocation round trip (1 MiB alloc + free, Python client, class 0x40 upcalled)")
     print(f"  direct nvsim  p50 {pct(direct_alloc, .5):9d} ns  p99 {pct(direct_alloc, .99):9d} ns")
     print(f"  via vgpud     p50 {pct(vg_alloc, .5):9d} ns  p99 {pct(vg_alloc, .99):9d} ns")
-    print(f"  ratio p50 {pct(vg_alloc, .5) / pct(direct_alloc, .5):.2f}")
+    print(f"  vgpud+shadow  p50 {pct(vg_shadow, .5):9d} ns  p99 {pct(vg_shadow, .99):9d} ns")
+    print(f"  ratio p50 {pct(vg_alloc, .5) / pct(direct_alloc, .5):.2f}, with shadow "
+          f"{pct(vg_shadow, .5) / pct(direct_alloc, .5):.2f}")
 
     sh("rmmod", "vgpu")
     sh("rmmod", "nvsim")

@@ -186,6 +186,8 @@ def test_filter() -> None:
     assert by_nr[Escape.RM_ALLOC_MEMORY, 56].node_mask == 1 << Node.GPU
     assert by_nr[Escape.RM_VID_HEAP_CONTROL, 184].match == (2, 3)
     assert by_nr[Escape.RM_CONTROL, 32].match == (Ctrl.FB_GET_INFO_V2,)
+    # What the ledger charges, tracks or frees is what the driver reads.
+    assert {key for key, r in by_nr.items() if r.shadow} == set(by_nr) - {(Escape.RM_CONTROL, 32)}
 
 
 def test_open_resolves_or_refuses(w: World) -> None:
