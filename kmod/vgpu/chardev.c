@@ -38,7 +38,9 @@ static atomic64_t vgpu_ctx_ids = ATOMIC64_INIT(0);
  * @nr: escape number (UVM: the command)
  * @size: params size (UVM: 0, unknown)
  * @flags: VGPU_UPCALL_F_*
- * @xfer_cmd: VGPU_UPCALL_F_XFER: the command as the wrapper held it
+ * @xfer: an IOCTL_XFER_CMD call: the wrapper as the module read it, which
+ *	the driver is given instead of the caller's (see vgpu_forward()); NULL
+ *	for any other call
  * @params: the caller's params (the inner ones for XFER)
  * @arg: the ioctl argument as issued
  */
@@ -48,24 +50,39 @@ struct vgpu_call {
 	u32 nr;
 	u32 size;
 	u32 flags;
-	u32 xfer_cmd;
+	const struct nv_ioctl_xfer *xfer;
 	void __user *params;
 	unsigned long arg;
 };
 
+/*
+ * Calls the driver. An IOCTL_XFER_CMD call gets a copy of the wrapper the
+ * module read (shadow.c): were the driver to read the caller's again, a
+ * thread rewriting it in between would take a call past the filter.
+ */
 static long vgpu_forward(struct vgpu_ctx *ctx, const struct vgpu_call *c)
 {
 	struct file *b = ctx->backing;
+	struct vgpu_shadow sh = {};
+	unsigned long arg = c->arg;
 	struct vgpu_fdx x;
 	long ret;
 
 	if (!b->f_op->unlocked_ioctl)
 		return -ENOTTY;
+	if (c->xfer) {
+		ret = vgpu_shadow_map_wrapper(&sh, c->xfer);
+		if (ret)
+			return ret;
+		arg = sh.arg;
+	}
 	ret = vgpu_fdx_prepare(&x, c->node, c->nr, c->size, c->params);
 	if (ret)
-		return ret;
-	ret = b->f_op->unlocked_ioctl(b, c->cmd, c->arg);
+		goto out;
+	ret = b->f_op->unlocked_ioctl(b, c->cmd, arg);
 	vgpu_fdx_finish(&x);
+out:
+	vgpu_shadow_unmap(&sh);
 	return ret;
 }
 
@@ -230,10 +247,7 @@ static long vgpu_forward_shadow(struct vgpu_ctx *ctx,
 				struct vgpu_slow *s, long *dret)
 {
 	struct vgpu_upcall_msg *m = &s->m;
-	struct nv_ioctl_xfer xfer = {
-		.cmd = c->xfer_cmd,
-		.size = m->params_len,
-	};
+	struct nv_ioctl_xfer xfer = {};
 	bool wrapped = c->flags & VGPU_UPCALL_F_XFER;
 	struct vgpu_call sc = *c;
 	struct vgpu_shadow sh;
@@ -242,6 +256,10 @@ static long vgpu_forward_shadow(struct vgpu_ctx *ctx,
 	long ret;
 	int err;
 
+	if (wrapped) {
+		xfer.cmd = c->xfer->cmd;
+		xfer.size = m->params_len;
+	}
 	err = vgpu_shadow_map(&sh, wrapped ? &xfer : NULL, s->params,
 			      m->params_len, s->data ? s->ptr_off : VGPU_OFF_NONE,
 			      s->data, m->data_len);
@@ -251,6 +269,7 @@ static long vgpu_forward_shadow(struct vgpu_ctx *ctx,
 	}
 	sc.params = sh.params;
 	sc.arg = sh.arg;
+	sc.xfer = NULL;		/* the shadow's wrapper is ours already */
 	*dret = vgpu_forward(ctx, &sc);
 	ret = *dret;
 
@@ -424,13 +443,13 @@ static long vgpu_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 	    c.size == sizeof(xfer)) {
 		if (copy_from_user(&xfer, c.params, sizeof(xfer)))
 			return -EFAULT;
+		c.xfer = &xfer;
 		/* Oversized: left to the driver, which refuses it. */
 		if (xfer.size <= VGPU_PARAMS_MAX) {
 			c.nr = _IOC_NR(xfer.cmd);
 			c.size = xfer.size;
 			c.params = u64_to_user_ptr(xfer.ptr);
 			c.flags = VGPU_UPCALL_F_XFER;
-			c.xfer_cmd = xfer.cmd;
 		}
 	}
 

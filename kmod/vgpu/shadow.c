@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * Shadow calls (VGPU_RULE_F_SHADOW): the driver reads the blocks the daemon
- * checked, not the caller's. The driver reads user memory of the current
- * process only, so the checked copy goes into a private anonymous region
- * mapped in the caller's mm for the duration of the call:
+ * Shadows: what the driver reads is what the module read, not the caller's
+ * memory again. The driver reads user memory of the current process only,
+ * so the copy goes into a private anonymous region mapped in the caller's
+ * mm for the duration of the call.
+ *
+ * Shadow calls (VGPU_RULE_F_SHADOW) hand the driver the blocks the daemon
+ * checked:
  *
  *   [ xfer wrapper (XFER calls) | params | the rule's buffer ]
  *
@@ -11,6 +14,10 @@
  * rule's pointer names the shadow's copy of its buffer; an XFER wrapper of
  * our own names the shadow params. The driver is called on the shadow, its
  * results are read back, and the region is unmapped on every path.
+ *
+ * Every other IOCTL_XFER_CMD call gets a wrapper-only shadow: the wrapper
+ * as the module read it (its escape chose the filter's path), still naming
+ * the caller's params.
  *
  * What a shadow does not close: the region is an ordinary mapping of the
  * caller's process, so a sibling thread that finds it can write it while
@@ -41,9 +48,27 @@ static const struct kernel_param_ops vgpu_gauge_ops = {
 };
 
 module_param_cb(shadow_calls, &vgpu_gauge_ops, &vgpu_shadow_calls, 0444);
-MODULE_PARM_DESC(shadow_calls, "calls handed to the driver on a shadow (read-only)");
+MODULE_PARM_DESC(shadow_calls, "VGPU_RULE_F_SHADOW calls handed to the driver on a shadow (read-only)");
 module_param_cb(shadows_live, &vgpu_gauge_ops, &vgpu_shadows_live, 0444);
 MODULE_PARM_DESC(shadows_live, "shadow regions mapped now (read-only)");
+
+/* Maps @len bytes (whole pages) for @sh; 0 or a negative errno. */
+static int vgpu_shadow_alloc(struct vgpu_shadow *sh, size_t len)
+{
+	unsigned long base;
+
+	memset(sh, 0, sizeof(*sh));
+	if (!current->mm)
+		return -EFAULT;
+	base = vm_mmap(NULL, 0, len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, 0);
+	if (IS_ERR_VALUE(base))
+		return (int)base;
+	sh->base = base;
+	sh->len = len;
+	atomic64_inc(&vgpu_shadows_live);
+	return 0;
+}
 
 /**
  * vgpu_shadow_map - map a shadow of a call's checked blocks
@@ -69,21 +94,18 @@ int vgpu_shadow_map(struct vgpu_shadow *sh, const struct nv_ioctl_xfer *xfer,
 	struct nv_ioctl_xfer wrap;
 	unsigned long base;
 	u64 dptr;
+	int err;
 
-	memset(sh, 0, sizeof(*sh));
 	if (!plen || plen > VGPU_PARAMS_MAX || dlen > VGPU_PARAMS_MAX ||
 	    (data && (ptr_off == VGPU_OFF_NONE || plen < sizeof(u64) ||
-		      ptr_off > plen - sizeof(u64))))
+		      ptr_off > plen - sizeof(u64)))) {
+		memset(sh, 0, sizeof(*sh));
 		return -EINVAL;		/* the caller checked: unreachable */
-	if (!current->mm)
-		return -EFAULT;
-	sh->len = PAGE_ALIGN(data ? doff + dlen : poff + plen);
-	base = vm_mmap(NULL, 0, sh->len, PROT_READ | PROT_WRITE,
-		       MAP_PRIVATE | MAP_ANONYMOUS, 0);
-	if (IS_ERR_VALUE(base))
-		return (int)base;
-	sh->base = base;
-	atomic64_inc(&vgpu_shadows_live);
+	}
+	err = vgpu_shadow_alloc(sh, PAGE_ALIGN(data ? doff + dlen : poff + plen));
+	if (err)
+		return err;
+	base = sh->base;
 	sh->params = (void __user *)(base + poff);
 	sh->data = data ? (void __user *)(base + doff) : NULL;
 	sh->arg = xfer ? base : base + poff;
@@ -111,7 +133,31 @@ err_unmap:
 }
 
 /**
- * vgpu_shadow_read - read back the params block as the driver left it
+ * vgpu_shadow_map_wrapper - map a copy of an IOCTL_XFER_CMD wrapper
+ * @sh: the shadow, filled here (@sh->arg names the copy); unmapped by
+ *	vgpu_shadow_unmap()
+ * @xfer: the wrapper as the module read it, copied as is
+ *
+ * Return: as vgpu_shadow_map().
+ */
+int vgpu_shadow_map_wrapper(struct vgpu_shadow *sh,
+			    const struct nv_ioctl_xfer *xfer)
+{
+	int err;
+
+	err = vgpu_shadow_alloc(sh, PAGE_SIZE);
+	if (err)
+		return err;
+	sh->arg = sh->base;
+	if (copy_to_user((void __user *)sh->base, xfer, sizeof(*xfer))) {
+		vgpu_shadow_unmap(sh);
+		return -EFAULT;
+	}
+	return 0;
+}
+
+/**
+ * vgpu_shadow_read_params - read back the params as the driver left them
  * @sh: a mapped shadow
  * @params: receives @plen bytes
  * @plen: as mapped
@@ -145,8 +191,8 @@ void vgpu_shadow_unmap(struct vgpu_shadow *sh)
 	if (!sh->base)
 		return;
 	/*
-	 * Fails only without an mm, which the caller had at map time; a
-	 * range a sibling thread unmapped in between is no error.
+	 * Fails only when the caller is being killed (its mm goes with it);
+	 * a range a sibling thread unmapped in between is no error.
 	 */
 	if (vm_munmap(sh->base, sh->len))
 		pr_debug("vgpu: shadow unmap failed\n");

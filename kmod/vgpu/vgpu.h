@@ -162,7 +162,7 @@ void vgpu_fdx_mark(unsigned long *map, u32 node);
  * @base: start of the region; 0 when nothing is mapped
  * @len: its length, whole pages
  * @arg: the ioctl argument that names the shadow (its wrapper or params)
- * @params: the shadow params
+ * @params: the shadow params, or NULL (a wrapper only)
  * @data: the shadow copy of the rule's buffer, or NULL
  *
  * Owned by one call, on its stack; never shared.
@@ -178,6 +178,8 @@ struct vgpu_shadow {
 int vgpu_shadow_map(struct vgpu_shadow *sh, const struct nv_ioctl_xfer *xfer,
 		    const void *params, u32 plen, u32 ptr_off,
 		    const void *data, u32 dlen);
+int vgpu_shadow_map_wrapper(struct vgpu_shadow *sh,
+			    const struct nv_ioctl_xfer *xfer);
 int vgpu_shadow_read_params(const struct vgpu_shadow *sh, void *params,
 			    u32 plen);
 int vgpu_shadow_read_data(const struct vgpu_shadow *sh, void *data, u32 dlen);
