@@ -50,7 +50,7 @@ static const struct kernel_param_ops vgpu_gauge_ops = {
 module_param_cb(shadow_calls, &vgpu_gauge_ops, &vgpu_shadow_calls, 0444);
 MODULE_PARM_DESC(shadow_calls, "VGPU_RULE_F_SHADOW calls handed to the driver on a shadow (read-only)");
 module_param_cb(shadows_live, &vgpu_gauge_ops, &vgpu_shadows_live, 0444);
-MODULE_PARM_DESC(shadows_live, "shadow regions mapped now (read-only)");
+MODULE_PARM_DESC(shadows_live, "shadow regions mapped now, shadow calls and XFER wrappers (read-only)");
 
 /* Maps @len bytes (whole pages) for @sh; 0 or a negative errno. */
 static int vgpu_shadow_alloc(struct vgpu_shadow *sh, size_t len)

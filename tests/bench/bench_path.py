@@ -14,8 +14,8 @@ the two nodes it compares so that both see the same noise:
    recv, struct) and by vgpud. The figure of merit is the ratio vgpud / C
    responder at p50 and p99;
 3. allocation round trip: a 1 MiB memory allocation and its free through
-   vgpud's slow path, with and without shadow calls, against the same pair
-   straight on nvsim.
+   vgpud's slow path, against the same pair straight on nvsim; class 0x3F
+   plain and class 0x40 with shadow calls, interleaved call by call.
 
 Prints a table of figures; asserts nothing (see docs/performance.md).
 """
@@ -72,18 +72,23 @@ def wait_ready(proc: subprocess.Popen[str], what: str) -> None:
         raise SystemExit(f"{what} did not start: {line!r}")
 
 
-def alloc_free_ns(nodes: nv.NvNodes, count: int) -> list[int]:
+PLAIN, SHADOW = 0x3F, 0x40  # both device memory: one filtered plain, one with shadow calls
+
+
+def alloc_free_ns(nodes: nv.NvNodes, count: int) -> dict[int, list[int]]:
+    """Sorted round-trip times per class, the classes interleaved."""
     ctl = nodes.open_ctl()
     try:
         tree = nv.build_tree(ctl)
-        times = []
+        times: dict[int, list[int]] = {PLAIN: [], SHADOW: []}
         for _ in range(count):
-            t0 = time.perf_counter_ns()
-            r = nv.alloc_memory(ctl, tree.client, tree.device, 1 << 20)
-            nv.must(nv.rm_free(ctl, tree.client, tree.device, r.handle), "free")
-            times.append(time.perf_counter_ns() - t0)
-            nv.must(r, "alloc")
-        return sorted(times)
+            for hclass, out in times.items():
+                t0 = time.perf_counter_ns()
+                r = nv.alloc_memory(ctl, tree.client, tree.device, 1 << 20, hclass=hclass)
+                nv.must(nv.rm_free(ctl, tree.client, tree.device, r.handle), "free")
+                out.append(time.perf_counter_ns() - t0)
+                nv.must(r, "alloc")
+        return {hclass: sorted(out) for hclass, out in times.items()}
     finally:
         os.close(ctl)
 
@@ -136,16 +141,11 @@ def main() -> None:
     finally:
         py.terminate()
         py.wait()
-    d = Daemon("--filter", f"control:{CTRL:#x}", "--filter", "alloc:0x40",
-               log_level="warning").start()
+    d = Daemon("--filter", f"control:{CTRL:#x}", "--filter", f"alloc:{PLAIN:#x}",
+               "--filter", f"alloc+shadow:{SHADOW:#x}", log_level="warning").start()
     try:
         slow["vgpud"] = measure(lat, args.rounds, args.slow_calls)["/dev/vgpu/nvidiactl"]
         vg_alloc = alloc_free_ns(nv.NvNodes("/dev/vgpu"), args.allocs)
-    finally:
-        d.stop()
-    d = Daemon("--filter", "alloc+shadow:0x40", log_level="warning").start()
-    try:
-        vg_shadow = alloc_free_ns(nv.NvNodes("/dev/vgpu"), args.allocs)
     finally:
         d.stop()
     print("slow path (rule matches: upcall, verdict ALLOW, forward)")
@@ -160,13 +160,14 @@ def main() -> None:
     print(f"  shadow call cost (C + shadow - C responder): p50 {cs[0] - cr[0]} ns, "
           f"p99 {cs[2] - cr[2]} ns\n")
 
-    direct_alloc = alloc_free_ns(nv.NvNodes("/dev/nvsim"), args.allocs)
-    print("allocation round trip (1 MiB alloc + free, Python client, class 0x40 upcalled)")
-    print(f"  direct nvsim  p50 {pct(direct_alloc, .5):9d} ns  p99 {pct(direct_alloc, .99):9d} ns")
-    print(f"  via vgpud     p50 {pct(vg_alloc, .5):9d} ns  p99 {pct(vg_alloc, .99):9d} ns")
-    print(f"  vgpud+shadow  p50 {pct(vg_shadow, .5):9d} ns  p99 {pct(vg_shadow, .99):9d} ns")
-    print(f"  ratio p50 {pct(vg_alloc, .5) / pct(direct_alloc, .5):.2f}, with shadow "
-          f"{pct(vg_shadow, .5) / pct(direct_alloc, .5):.2f}")
+    direct = alloc_free_ns(nv.NvNodes("/dev/nvsim"), args.allocs)[PLAIN]
+    plain, shadow = vg_alloc[PLAIN], vg_alloc[SHADOW]
+    print("allocation round trip (1 MiB alloc + free, Python client, the alloc upcalled)")
+    print(f"  direct nvsim  p50 {pct(direct, .5):9d} ns  p99 {pct(direct, .99):9d} ns")
+    print(f"  via vgpud     p50 {pct(plain, .5):9d} ns  p99 {pct(plain, .99):9d} ns")
+    print(f"  vgpud+shadow  p50 {pct(shadow, .5):9d} ns  p99 {pct(shadow, .99):9d} ns")
+    print(f"  ratio p50 {pct(plain, .5) / pct(direct, .5):.2f}, with shadow "
+          f"{pct(shadow, .5) / pct(direct, .5):.2f}")
 
     sh("rmmod", "vgpu")
     sh("rmmod", "nvsim")
