@@ -518,7 +518,8 @@ def build_quota(config_path: Path, dbus: str, inventory=None) -> tuple[Policy, A
               help="quota (the default with --config) | allow (the default without) | "
               "deny-class:0x40[,0x3f] (a test policy).")
 @click.option("--filter", "filter_specs", multiple=True, metavar="SPEC",
-              help="Extra rules: open | alloc:CLASSES | control:CMDS (repeatable).")
+              help="Extra rules: open | alloc[+shadow]:CLASSES | control[+shadow]:CMDS "
+              "(repeatable).")
 @click.option("--on-error", type=click.Choice(["deny", "allow"]), default="deny",
               show_default=True, help="Verdict when the policy fails or an upcall is malformed.")
 @click.option("--no-dbus", is_flag=True, help="Do not serve the admin API (quota policy).")

@@ -5,7 +5,10 @@ verdicts it returns; it reads tenants and limits from the Manager (which owns
 the ledger's limits, so live changes need nothing here) and keeps the ledger's
 contexts, reservations, charges and object tree up to date.
 
-How each call is handled (the filter below selects exactly these):
+How each call is handled (the filter below selects exactly these; every rule
+but FB_GET_INFO_V2's asks for shadow calls, VGPU_RULE_F_SHADOW, so that a
+caller's thread cannot change a size, handle or device id between the
+decision and the driver's read):
 
 - OPEN (VGPU_FILTER_OPEN): the opener is resolved to a tenant (binding, rule,
   default); none: DENY(EACCES). Otherwise the context is opened in the ledger.
@@ -273,12 +276,15 @@ class QuotaPolicy:
             flags=FILTER_OPEN | FILTER_UVM_MMAP,
             rules=(
                 # POST events commit, track and free: the ledger needs results.
-                *rm_alloc_classes([*TREE_CLASSES, *charged], post=True),
-                rm_free(post=True),
-                rm_dup_object(post=True),
-                rm_alloc_memory_classes(charged, post=True),
+                # Shadow calls: the driver acts on the sizes, handles and
+                # device ids decided on here, whatever the caller's threads
+                # write meanwhile.
+                *rm_alloc_classes([*TREE_CLASSES, *charged], post=True, shadow=True),
+                rm_free(post=True, shadow=True),
+                rm_dup_object(post=True, shadow=True),
+                rm_alloc_memory_classes(charged, post=True, shadow=True),
                 rm_vid_heap_functions([VidHeapFunction.ALLOC_SIZE, VidHeapFunction.FREE],
-                                      post=True),
+                                      post=True, shadow=True),
                 # Their results come back in a POST upcall (F_POST), not an event.
                 rm_vid_heap_functions([VidHeapFunction.INFO]),
                 rm_control_cmds([Ctrl.FB_GET_INFO_V2, Ctrl.FB_GET_INFO]),

@@ -38,6 +38,9 @@ static atomic64_t vgpu_ctx_ids = ATOMIC64_INIT(0);
  * @nr: escape number (UVM: the command)
  * @size: params size (UVM: 0, unknown)
  * @flags: VGPU_UPCALL_F_*
+ * @xfer: an IOCTL_XFER_CMD call: the wrapper as the module read it, which
+ *	the driver is given instead of the caller's (see vgpu_forward()); NULL
+ *	for any other call
  * @params: the caller's params (the inner ones for XFER)
  * @arg: the ioctl argument as issued
  */
@@ -47,23 +50,39 @@ struct vgpu_call {
 	u32 nr;
 	u32 size;
 	u32 flags;
+	const struct nv_ioctl_xfer *xfer;
 	void __user *params;
 	unsigned long arg;
 };
 
+/*
+ * Calls the driver. An IOCTL_XFER_CMD call gets a copy of the wrapper the
+ * module read (shadow.c): were the driver to read the caller's again, a
+ * thread rewriting it in between would take a call past the filter.
+ */
 static long vgpu_forward(struct vgpu_ctx *ctx, const struct vgpu_call *c)
 {
 	struct file *b = ctx->backing;
+	struct vgpu_shadow sh = {};
+	unsigned long arg = c->arg;
 	struct vgpu_fdx x;
 	long ret;
 
 	if (!b->f_op->unlocked_ioctl)
 		return -ENOTTY;
+	if (c->xfer) {
+		ret = vgpu_shadow_map_wrapper(&sh, c->xfer);
+		if (ret)
+			return ret;
+		arg = sh.arg;
+	}
 	ret = vgpu_fdx_prepare(&x, c->node, c->nr, c->size, c->params);
 	if (ret)
-		return ret;
-	ret = b->f_op->unlocked_ioctl(b, c->cmd, c->arg);
+		goto out;
+	ret = b->f_op->unlocked_ioctl(b, c->cmd, arg);
 	vgpu_fdx_finish(&x);
+out:
+	vgpu_shadow_unmap(&sh);
 	return ret;
 }
 
@@ -120,13 +139,20 @@ static void *vgpu_copy_data(const struct vgpu_rule *r, const void *params,
  * @params: the params as sent in the IOCTL upcall (@m.params_len bytes)
  * @data: the rule's buffer as sent (@m.data_len bytes), or NULL
  * @dptr: where @data lies in the caller's memory, as the daemon saw it
- * @reply: @m.params_len + @m.data_len bytes for a REPLY's blocks, or NULL
+ * @ptr_off: where @dptr lies in @params (when @data is set)
+ * @reply: @m.params_len + @m.data_len bytes for a REPLY's blocks, or NULL;
+ *	after an ALLOW, scratch until a POST upcall
  * @m: the upcall
+ *
+ * After an allowed call, @params and @data hold the call's results, which
+ * a POST event or upcall carries: read back from the caller's memory, or
+ * from the shadow the driver wrote.
  */
 struct vgpu_slow {
 	void *params;
 	void *data;
 	u64 dptr;
+	u32 ptr_off;
 	void *reply;
 	struct vgpu_upcall_msg m;
 };
@@ -162,7 +188,7 @@ static void vgpu_reread(const struct vgpu_call *c, struct vgpu_slow *s)
 		m->data = NULL;
 }
 
-/* After an allowed call: report params and data as the driver left them. */
+/* After an allowed call: report its results and the driver's @ret. */
 static void vgpu_post_event(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 			    struct vgpu_slow *s, long ret)
 {
@@ -175,33 +201,102 @@ static void vgpu_post_event(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 		.ret = ret,
 	};
 
-	vgpu_reread(c, s);
 	vgpu_event(&ev, m->params, m->params ? m->params_len : 0,
 		   m->data, m->data ? m->data_len : 0);
 }
 
 /*
  * After a call allowed with VGPU_VERDICT_F_POST: a POST upcall with the
- * same id, the driver's results and @ret. ALLOW keeps them, REPLY replaces
- * them (the call returns 0). Without a verdict the call has still happened:
- * its results stay, whatever the fail policy; vgpu_upcall() counted why.
+ * same id, the call's results and the driver's @dret. ALLOW keeps them
+ * (the call returns @ret), REPLY replaces them (the call returns 0).
+ * Without a verdict the call has still happened: its results stay,
+ * whatever the fail policy; vgpu_upcall() counted why.
  */
 static long vgpu_post_upcall(const struct vgpu_call *c, struct vgpu_slow *s,
-			     long ret)
+			     long dret, long ret)
 {
 	struct vgpu_upcall_msg *m = &s->m;
 	struct vgpu_verdict v;
 	int out;
 
-	vgpu_reread(c, s);
 	m->hdr.kind = VGPU_UPCALL_POST;
-	m->hdr.ret = ret;
+	m->hdr.ret = dret;
 	m->hdr.caller_pid = task_pid_nr(current);
 	m->hdr.caller_tgid = task_tgid_nr(current);
 	out = vgpu_upcall(m, &v);
 	if (out != VGPU_OUT_VERDICT || v.action != VGPU_VERDICT_REPLY)
 		return ret;
 	return vgpu_reply_write(c, s);
+}
+
+/*
+ * An allowed call under a VGPU_RULE_F_SHADOW rule: the driver runs on the
+ * blocks the daemon checked (shadow.c). Its results are read back into
+ * @s's buffers (the caller's pointer put back in the params), then written
+ * to the caller's params and, when the driver changed it, to the caller's
+ * buffer. A block that cannot be read back is left out of @s->m. *dret is
+ * the driver's return value, or the error that kept the driver from
+ * running.
+ *
+ * Return: what the caller gets: *dret, or -EFAULT when a result could not
+ * be delivered (the driver ran; the real driver answers -EFAULT for a
+ * params block it cannot write back, too).
+ */
+static long vgpu_forward_shadow(struct vgpu_ctx *ctx,
+				const struct vgpu_call *c,
+				struct vgpu_slow *s, long *dret)
+{
+	struct vgpu_upcall_msg *m = &s->m;
+	struct nv_ioctl_xfer xfer = {};
+	bool wrapped = c->flags & VGPU_UPCALL_F_XFER;
+	struct vgpu_call sc = *c;
+	struct vgpu_shadow sh;
+	bool data_changed = false;
+	void *after = m->reply_data;
+	long ret;
+	int err;
+
+	if (wrapped) {
+		xfer.cmd = c->xfer->cmd;
+		xfer.size = m->params_len;
+	}
+	err = vgpu_shadow_map(&sh, wrapped ? &xfer : NULL, s->params,
+			      m->params_len, s->data ? s->ptr_off : VGPU_OFF_NONE,
+			      s->data, m->data_len);
+	if (err) {
+		*dret = err;
+		return err;
+	}
+	sc.params = sh.params;
+	sc.arg = sh.arg;
+	sc.xfer = NULL;		/* the shadow's wrapper is ours already */
+	*dret = vgpu_forward(ctx, &sc);
+	ret = *dret;
+
+	if (vgpu_shadow_read_params(&sh, s->params, m->params_len)) {
+		m->params = NULL;
+		ret = -EFAULT;
+	} else if (s->data) {
+		put_unaligned(s->dptr, (u64 *)(s->params + s->ptr_off));
+	}
+	if (s->data) {
+		/* @after: the REPLY buffer, free until a POST upcall. */
+		if (vgpu_shadow_read_data(&sh, after, m->data_len)) {
+			m->data = NULL;
+			ret = -EFAULT;
+		} else if (memcmp(after, s->data, m->data_len)) {
+			memcpy(s->data, after, m->data_len);
+			data_changed = true;
+		}
+	}
+	vgpu_shadow_unmap(&sh);
+
+	if (m->params && copy_to_user(c->params, s->params, m->params_len))
+		ret = -EFAULT;
+	if (data_changed &&
+	    copy_to_user(u64_to_user_ptr(s->dptr), s->data, m->data_len))
+		ret = -EFAULT;
+	return ret;
 }
 
 static long vgpu_ioctl_slow(struct vgpu_ctx *ctx, const struct vgpu_call *c,
@@ -212,7 +307,7 @@ static long vgpu_ioctl_slow(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 	struct vgpu_verdict v;
 	struct vgpu_rule r;
 	u32 eff = 0;
-	long ret;
+	long ret, dret;
 	int out;
 
 	if (copy_size) {
@@ -242,8 +337,10 @@ static long vgpu_ioctl_slow(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 		r.ptr_off = VGPU_OFF_NONE;
 	s.data = vgpu_copy_data(&r, s.params, &m->data_len, &m->hdr.flags);
 	m->data = s.data;
-	if (s.data)
+	if (s.data) {
 		s.dptr = get_unaligned((const u64 *)(s.params + r.ptr_off));
+		s.ptr_off = r.ptr_off;
+	}
 	if (eff || s.data) {
 		s.reply = kvmalloc((size_t)eff + m->data_len, GFP_KERNEL);
 		if (!s.reply) {
@@ -265,11 +362,20 @@ static long vgpu_ioctl_slow(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 	}
 	switch (v.action) {
 	case VGPU_VERDICT_ALLOW:
-		ret = vgpu_forward(ctx, c);
+		/* A call without params has nothing to shadow. */
+		if ((r.flags & VGPU_RULE_F_SHADOW) && m->params) {
+			ret = vgpu_forward_shadow(ctx, c, &s, &dret);
+		} else {
+			ret = vgpu_forward(ctx, c);
+			dret = ret;
+			if ((v.flags & VGPU_VERDICT_F_POST) ||
+			    (r.flags & VGPU_RULE_F_POST))
+				vgpu_reread(c, &s);
+		}
 		if (v.flags & VGPU_VERDICT_F_POST)
-			ret = vgpu_post_upcall(c, &s, ret);
+			ret = vgpu_post_upcall(c, &s, dret, ret);
 		else if (r.flags & VGPU_RULE_F_POST)
-			vgpu_post_event(ctx, c, &s, ret);
+			vgpu_post_event(ctx, c, &s, dret);
 		break;
 	case VGPU_VERDICT_DENY:
 		ret = -(long)v.error;
@@ -337,6 +443,7 @@ static long vgpu_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 	    c.size == sizeof(xfer)) {
 		if (copy_from_user(&xfer, c.params, sizeof(xfer)))
 			return -EFAULT;
+		c.xfer = &xfer;
 		/* Oversized: left to the driver, which refuses it. */
 		if (xfer.size <= VGPU_PARAMS_MAX) {
 			c.nr = _IOC_NR(xfer.cmd);

@@ -580,8 +580,14 @@ static int vgpu_rule_check(const struct vgpu_rule *r, const char **why)
 		*why = "rule node_mask is empty or has unknown bits";
 		return -EINVAL;
 	}
-	if (r->flags & ~VGPU_RULE_F_POST) {
+	if (r->flags & ~(VGPU_RULE_F_POST | VGPU_RULE_F_SHADOW)) {
 		*why = "unknown rule flags";
+		return -EINVAL;
+	}
+	/* A UVM call's size is the rule's: a shadow needs to know it. */
+	if ((r->flags & VGPU_RULE_F_SHADOW) &&
+	    (r->node_mask & BIT(VGPU_NODE_UVM)) && !r->size) {
+		*why = "VGPU_RULE_F_SHADOW on the UVM node needs the params size";
 		return -EINVAL;
 	}
 	if (r->n_match > VGPU_RULE_MATCH_MAX) {

@@ -169,6 +169,35 @@ int vgpu_fdx_prepare(struct vgpu_fdx *x, u32 node, u32 nr, u32 size,
 void vgpu_fdx_finish(struct vgpu_fdx *x);
 void vgpu_fdx_mark(unsigned long *map, u32 node);
 
+/* shadow.c */
+/**
+ * struct vgpu_shadow - a call's checked blocks, mapped in the caller's mm
+ * @base: start of the region; 0 when nothing is mapped
+ * @len: its length, whole pages
+ * @arg: the ioctl argument that names the shadow (its wrapper or params)
+ * @params: the shadow params, or NULL (a wrapper only)
+ * @data: the shadow copy of the rule's buffer, or NULL
+ *
+ * Owned by one call, on its stack; never shared.
+ */
+struct vgpu_shadow {
+	unsigned long base;
+	size_t len;
+	unsigned long arg;
+	void __user *params;
+	void __user *data;
+};
+
+int vgpu_shadow_map(struct vgpu_shadow *sh, const struct nv_ioctl_xfer *xfer,
+		    const void *params, u32 plen, u32 ptr_off,
+		    const void *data, u32 dlen);
+int vgpu_shadow_map_wrapper(struct vgpu_shadow *sh,
+			    const struct nv_ioctl_xfer *xfer);
+int vgpu_shadow_read_params(const struct vgpu_shadow *sh, void *params,
+			    u32 plen);
+int vgpu_shadow_read_data(const struct vgpu_shadow *sh, void *data, u32 dlen);
+void vgpu_shadow_unmap(struct vgpu_shadow *sh);
+
 /* upcall.c */
 
 /* Outcome of vgpu_upcall(). */

@@ -4,14 +4,18 @@ Loads nvsim and vgpu, then measures in one boot, with ioctl_lat interleaving
 the two nodes it compares so that both see the same noise:
 
 1. fast path: an RM_CONTROL through /dev/vgpu/nvidiactl (no rule matches)
-   against the same call straight on /dev/nvsim/nvidiactl;
+   against the same call straight on /dev/nvsim/nvidiactl; the same wrapped
+   in IOCTL_XFER_CMD (the driver gets the module's copy of the wrapper);
 2. slow path: the same call selected by a rule, so that each call is an
    upcall, a verdict and a forward; answered by the minimal C responder
-   (tests/bench/c_responder.c), by the floor of a Python responder
-   (tests/bench/py_responder.py: blocking recv, struct) and by vgpud. The
-   figure of merit is the ratio vgpud / C responder at p50 and p99;
+   (tests/bench/c_responder.c), by the same with the rule asking for shadow
+   calls (VGPU_RULE_F_SHADOW: the module's own cost of the checked copy), by
+   the floor of a Python responder (tests/bench/py_responder.py: blocking
+   recv, struct) and by vgpud. The figure of merit is the ratio vgpud / C
+   responder at p50 and p99;
 3. allocation round trip: a 1 MiB memory allocation and its free through
-   vgpud's slow path, against the same pair straight on nvsim.
+   vgpud's slow path, against the same pair straight on nvsim; class 0x3F
+   plain and class 0x40 with shadow calls, interleaved call by call.
 
 Prints a table of figures; asserts nothing (see docs/performance.md).
 """
@@ -50,9 +54,10 @@ def build(tmp: Path) -> tuple[Path, Path]:
     return lat, resp
 
 
-def measure(lat: Path, rounds: int, calls: int) -> dict[str, tuple[int, int, int, int]]:
+def measure(lat: Path, rounds: int, calls: int,
+            xfer: bool = False) -> dict[str, tuple[int, int, int, int]]:
     out = sh(str(lat), "/dev/nvsim/nvidiactl", "/dev/vgpu/nvidiactl", str(rounds), str(calls),
-             hex(CTRL))
+             hex(CTRL), *(["xfer"] if xfer else []))
     figures = {}
     for line in out.splitlines():
         m = LINE.match(line)
@@ -68,18 +73,23 @@ def wait_ready(proc: subprocess.Popen[str], what: str) -> None:
         raise SystemExit(f"{what} did not start: {line!r}")
 
 
-def alloc_free_ns(nodes: nv.NvNodes, count: int) -> list[int]:
+PLAIN, SHADOW = 0x3F, 0x40  # both device memory: one filtered plain, one with shadow calls
+
+
+def alloc_free_ns(nodes: nv.NvNodes, count: int) -> dict[int, list[int]]:
+    """Sorted round-trip times per class, the classes interleaved."""
     ctl = nodes.open_ctl()
     try:
         tree = nv.build_tree(ctl)
-        times = []
+        times: dict[int, list[int]] = {PLAIN: [], SHADOW: []}
         for _ in range(count):
-            t0 = time.perf_counter_ns()
-            r = nv.alloc_memory(ctl, tree.client, tree.device, 1 << 20)
-            nv.must(nv.rm_free(ctl, tree.client, tree.device, r.handle), "free")
-            times.append(time.perf_counter_ns() - t0)
-            nv.must(r, "alloc")
-        return sorted(times)
+            for hclass, out in times.items():
+                t0 = time.perf_counter_ns()
+                r = nv.alloc_memory(ctl, tree.client, tree.device, 1 << 20, hclass=hclass)
+                nv.must(nv.rm_free(ctl, tree.client, tree.device, r.handle), "free")
+                out.append(time.perf_counter_ns() - t0)
+                nv.must(r, "alloc")
+        return {hclass: sorted(out) for hclass, out in times.items()}
     finally:
         os.close(ctl)
 
@@ -109,23 +119,30 @@ def main() -> None:
     print("fast path (RM_CONTROL, no rule matches)")
     print(f"  direct nvsim  p50 {direct[0]:7d} ns  p99 {direct[2]:7d} ns")
     print(f"  via vgpu      p50 {via[0]:7d} ns  p99 {via[2]:7d} ns")
-    print(f"  ratio p50 {via[0] / direct[0]:.3f}  (target <= 1.05)\n")
+    print(f"  ratio p50 {via[0] / direct[0]:.3f}  (target <= 1.05)")
+    fast = measure(lat, args.rounds, args.fast_calls, xfer=True)
+    direct, via = fast["/dev/nvsim/nvidiactl"], fast["/dev/vgpu/nvidiactl"]
+    print(f"  XFER direct   p50 {direct[0]:7d} ns  p99 {direct[2]:7d} ns")
+    print(f"  XFER via vgpu p50 {via[0]:7d} ns  p99 {via[2]:7d} ns  (a copy of the wrapper)")
+    print(f"  ratio p50 {via[0] / direct[0]:.3f}\n")
 
-    # The three responders take turns, `--turns` times, so that a slow phase
-    # of the (noisy, shared) host hits them alike; each figure is the median
-    # over the turns of that turn's p50 / p99.
+    # The responders take turns, `--turns` times, so that a slow phase of the
+    # (noisy, shared) host hits them alike; each figure is the median over the
+    # turns of that turn's p50 / p99.
     runs: dict[str, list[tuple[int, int, int, int]]] = {}
     per_turn = max(1, args.rounds // args.turns)
-    vg_alloc: list[int] = []
+    vg_alloc: dict[int, list[int]] = {}
     for _ in range(args.turns):
-        c = subprocess.Popen([str(resp), "-f", rule], stdout=subprocess.PIPE, text=True)
-        try:
-            wait_ready(c, "c_responder")
-            runs.setdefault("C responder", []).append(
-                measure(lat, per_turn, args.slow_calls)["/dev/vgpu/nvidiactl"])
-        finally:
-            c.terminate()
-            c.wait()
+        for name, flags in (("C responder", ()), ("C + shadow", ("-W",))):
+            c = subprocess.Popen([str(resp), "-f", rule, *flags], stdout=subprocess.PIPE,
+                                 text=True)
+            try:
+                wait_ready(c, "c_responder")
+                runs.setdefault(name, []).append(
+                    measure(lat, per_turn, args.slow_calls)["/dev/vgpu/nvidiactl"])
+            finally:
+                c.terminate()
+                c.wait()
         py = subprocess.Popen([sys.executable, str(ROOT / "tests/bench/py_responder.py"),
                                f"control:{CTRL:#x}"], stdout=subprocess.PIPE, text=True)
         try:
@@ -135,8 +152,8 @@ def main() -> None:
         finally:
             py.terminate()
             py.wait()
-        d = Daemon("--filter", f"control:{CTRL:#x}", "--filter", "alloc:0x40",
-                   log_level="warning").start()
+        d = Daemon("--filter", f"control:{CTRL:#x}", "--filter", f"alloc:{PLAIN:#x}",
+                   "--filter", f"alloc+shadow:{SHADOW:#x}", log_level="warning").start()
         try:
             runs.setdefault("vgpud", []).append(
                 measure(lat, per_turn, args.slow_calls)["/dev/vgpu/nvidiactl"])
@@ -154,13 +171,19 @@ def main() -> None:
     print(f"  ratio vgpud / C responder: p50 {vg[0] / cr[0]:.2f}, p99 {vg[2] / cr[2]:.2f}"
           "  (target <= 1.6)")
     print(f"  ratio Python floor / C responder: p50 {pf[0] / cr[0]:.2f}, p99 {pf[2] / cr[2]:.2f}")
-    print(f"  ratio vgpud / Python floor: p50 {vg[0] / pf[0]:.2f}, p99 {vg[2] / pf[2]:.2f}\n")
+    print(f"  ratio vgpud / Python floor: p50 {vg[0] / pf[0]:.2f}, p99 {vg[2] / pf[2]:.2f}")
+    cs = slow["C + shadow"]
+    print(f"  shadow call cost (C + shadow - C responder): p50 {cs[0] - cr[0]} ns, "
+          f"p99 {cs[2] - cr[2]} ns\n")
 
-    direct_alloc = alloc_free_ns(nv.NvNodes("/dev/nvsim"), args.allocs)
-    print("allocation round trip (1 MiB alloc + free, Python client, class 0x40 upcalled)")
-    print(f"  direct nvsim  p50 {pct(direct_alloc, .5):9d} ns  p99 {pct(direct_alloc, .99):9d} ns")
-    print(f"  via vgpud     p50 {pct(vg_alloc, .5):9d} ns  p99 {pct(vg_alloc, .99):9d} ns")
-    print(f"  ratio p50 {pct(vg_alloc, .5) / pct(direct_alloc, .5):.2f}")
+    direct = alloc_free_ns(nv.NvNodes("/dev/nvsim"), args.allocs)[PLAIN]
+    plain, shadow = vg_alloc[PLAIN], vg_alloc[SHADOW]
+    print("allocation round trip (1 MiB alloc + free, Python client, the alloc upcalled)")
+    print(f"  direct nvsim  p50 {pct(direct, .5):9d} ns  p99 {pct(direct, .99):9d} ns")
+    print(f"  via vgpud     p50 {pct(plain, .5):9d} ns  p99 {pct(plain, .99):9d} ns")
+    print(f"  vgpud+shadow  p50 {pct(shadow, .5):9d} ns  p99 {pct(shadow, .99):9d} ns")
+    print(f"  ratio p50 {pct(plain, .5) / pct(direct, .5):.2f}, with shadow "
+          f"{pct(shadow, .5) / pct(direct, .5):.2f}")
 
     sh("rmmod", "vgpu")
     sh("rmmod", "nvsim")

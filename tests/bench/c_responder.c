@@ -8,7 +8,7 @@
  *
  *   gcc -O2 -Wall -I kmod/include/uapi -o c_responder tests/bench/c_responder.c
  *
- *   c_responder [-f RULE]... [-P] [-O] [-M] [-a ACTION] [-D USEC] [-c COUNT]
+ *   c_responder [-f RULE]... [-P] [-W] [-O] [-M] [-a ACTION] [-D USEC] [-c COUNT]
  *               [-V VERSION] [-F] [-S] [-v]
  *
  *   -f RULE    add a filter rule NODES:NR:SIZE:MATCH_OFF:PTR_OFF:LEN_OFF:KEYS
@@ -16,6 +16,7 @@
  *              offsets: a number or '-' for none; KEYS: comma separated.
  *              Example, "class 0x40 allocs": -f ctl:0x2b:0:12:-:-:0x40
  *   -P         rules ask for POST events (VGPU_RULE_F_POST)
+ *   -W         rules ask for shadow calls (VGPU_RULE_F_SHADOW)
  *   -O         upcall every open (VGPU_FILTER_OPEN)
  *   -M         upcall every mmap of nvidia-uvm (VGPU_FILTER_UVM_MMAP)
  *   -F         install the filter and exit without registering
@@ -298,14 +299,17 @@ int main(int argc, char **argv)
 	unsigned int i;
 	struct sockaddr_nl sa = { .nl_family = AF_NETLINK };
 
-	while ((opt = getopt(argc, argv, "f:POMa:D:c:V:FSv")) != -1) {
+	while ((opt = getopt(argc, argv, "f:PWOMa:D:c:V:FSv")) != -1) {
 		switch (opt) {
 		case 'f':
 			parse_rule(optarg);
 			have_filter = 1;
 			break;
 		case 'P':
-			rule_flags = VGPU_RULE_F_POST;
+			rule_flags |= VGPU_RULE_F_POST;
+			break;
+		case 'W':
+			rule_flags |= VGPU_RULE_F_SHADOW;
 			break;
 		case 'O':
 			filter_flags |= VGPU_FILTER_OPEN;

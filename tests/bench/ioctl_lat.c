@@ -3,11 +3,12 @@
  * ioctl_lat: per-call latency of one RM_CONTROL ioctl on two nodes,
  * interleaved in rounds so that both see the same machine noise.
  *
- *   ioctl_lat NODE_A NODE_B ROUNDS CALLS_PER_ROUND CTRL_CMD
+ *   ioctl_lat NODE_A NODE_B ROUNDS CALLS_PER_ROUND CTRL_CMD [xfer]
  *
  * Each call is an RM_CONTROL (NVOS54, 32 B) with cmd CTRL_CMD on a handle
  * the driver does not know: the driver answers with a status, cheaply, so the
- * figure is the cost of the path, not of the work. Prints, per node, the
+ * figure is the cost of the path, not of the work. With "xfer" each call is
+ * wrapped in IOCTL_XFER_CMD. Prints, per node, the
  * p50, p90, p99 and mean in nanoseconds, and the ratio B/A of the p50s.
  */
 #include <fcntl.h>
@@ -25,7 +26,13 @@ struct nvos54 {
 	uint32_t params_size, status;
 };
 
+struct xfer {
+	uint32_t cmd, size;
+	uint64_t ptr;
+};
+
 #define RM_CONTROL _IOWR('F', 0x2A, struct nvos54)
+#define XFER_CMD _IOWR('F', 211, struct xfer)
 
 static uint64_t now_ns(void)
 {
@@ -63,9 +70,11 @@ int main(int argc, char **argv)
 	uint64_t *lat[2], p50[2];
 	uint32_t ctrl;
 	size_t n = 0;
+	int xfer;
 
-	if (argc != 6) {
-		fprintf(stderr, "usage: %s NODE_A NODE_B ROUNDS CALLS CTRL_CMD\n", argv[0]);
+	xfer = argc == 7 && !strcmp(argv[6], "xfer");
+	if (argc != 6 && !xfer) {
+		fprintf(stderr, "usage: %s NODE_A NODE_B ROUNDS CALLS CTRL_CMD [xfer]\n", argv[0]);
 		return 2;
 	}
 	rounds = atoi(argv[3]);
@@ -87,9 +96,12 @@ int main(int argc, char **argv)
 				struct nvos54 p = { .h_client = 0xbad0001,
 						    .h_object = 0xbad0002,
 						    .cmd = ctrl };
+				struct xfer x = { 0x2A, sizeof(p), (uintptr_t)&p };
 				uint64_t t0 = now_ns();
+				int ret = xfer ? ioctl(fd[k], XFER_CMD, &x) :
+						 ioctl(fd[k], RM_CONTROL, &p);
 
-				if (ioctl(fd[k], RM_CONTROL, &p) < 0) {
+				if (ret < 0) {
 					perror("ioctl");
 					return 1;
 				}

@@ -133,7 +133,9 @@ def test_filter_specs() -> None:
     assert parse_filter_spec("open").flags == FILTER_OPEN
     assert parse_filter_spec("alloc:0x40,0x3f").rules == rm_alloc_classes([0x40, 0x3F])
     assert parse_filter_spec("control:0xa06c0101").rules == (rm_control_cmds([0xA06C0101]),)
-    for bad in ("nope", "alloc:", "open:1", "alloc:zz"):
+    assert parse_filter_spec("alloc+shadow:0x40").rules == rm_alloc_classes([0x40], shadow=True)
+    assert parse_filter_spec("control+shadow:0x1").rules == (rm_control_cmds([1], shadow=True),)
+    for bad in ("nope", "alloc:", "open:1", "alloc:zz", "alloc+post:0x40", "open+shadow"):
         with pytest.raises(ValueError):
             parse_filter_spec(bad)
     assert parse_filter_spec("open").rules == ()

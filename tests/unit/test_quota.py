@@ -199,6 +199,11 @@ def test_filter() -> None:
     assert [(r.match, r.post) for r in heap] == [((2, 3), True), ((5,), False)]
     assert by_nr[Escape.RM_CONTROL, 32].match == (Ctrl.FB_GET_INFO, Ctrl.FB_GET_INFO_V2)
     assert not by_nr[Escape.RM_CONTROL, 32].post
+    # What the ledger charges, tracks or frees is what the driver reads: only
+    # the size queries, whose results are rewritten, go without a shadow.
+    assert {(r.nr, r.match) for r in filt.rules if not r.shadow} == {
+        (Escape.RM_VID_HEAP_CONTROL, (5,)),
+        (Escape.RM_CONTROL, (Ctrl.FB_GET_INFO, Ctrl.FB_GET_INFO_V2))}
 
 
 def test_open_resolves_or_refuses(w: World) -> None:

@@ -62,3 +62,20 @@ def test_rule_pack_round_trip() -> None:
     packed = rule.pack()
     assert len(packed) == 160
     assert uapi.Rule.unpack(packed) == rule
+
+
+@pytest.mark.parametrize(("post", "shadow", "flags"), [
+    (False, False, 0), (True, False, uapi.RULE_F_POST), (False, True, uapi.RULE_F_SHADOW),
+    (True, True, uapi.RULE_F_POST | uapi.RULE_F_SHADOW),
+])
+def test_rule_flags_round_trip(post: bool, shadow: bool, flags: int) -> None:
+    rule = uapi.Rule(1, 0x2B, 32, 12, 16, 24, (0x40,), post=post, shadow=shadow)
+    packed = rule.pack()
+    assert uapi.RULE.struct.unpack(packed)[7] == flags
+    assert uapi.Rule.unpack(packed) == rule
+
+
+def test_shadow_rule_on_uvm_needs_a_size() -> None:
+    with pytest.raises(ValueError, match="size"):
+        uapi.Rule(1 << uapi.Node.UVM, 1, 0, shadow=True)
+    assert uapi.Rule(1 << uapi.Node.UVM, 1, 16, shadow=True).shadow

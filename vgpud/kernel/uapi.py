@@ -215,6 +215,7 @@ class Rule:
     len_off: int = OFF_NONE
     match: tuple[int, ...] = ()
     post: bool = False  # VGPU_RULE_F_POST: the policy needs the call's result
+    shadow: bool = False  # VGPU_RULE_F_SHADOW: the driver reads the checked blocks
 
     def __post_init__(self) -> None:
         if len(self.match) > RULE_MATCH_MAX:
@@ -223,13 +224,20 @@ class Rule:
             raise ValueError("match values need a match_off")
         if (self.ptr_off == OFF_NONE) != (self.len_off == OFF_NONE):
             raise ValueError("ptr_off and len_off go together")
+        if self.shadow and self.node_mask & (1 << Node.UVM) and not self.size:
+            raise ValueError("a shadow rule on the UVM node needs the params size")
 
     def pack(self) -> bytes:
         match = self.match + (0,) * (RULE_MATCH_MAX - len(self.match))
         return RULE.struct.pack(
             self.node_mask, self.nr, self.size, self.match_off, self.ptr_off,
-            self.len_off, len(self.match), RULE_F_POST if self.post else 0, *match,
+            self.len_off, len(self.match), self.flags, *match,
         )
+
+    @property
+    def flags(self) -> int:
+        """VGPU_RULE_F_* of the rule."""
+        return (RULE_F_POST if self.post else 0) | (RULE_F_SHADOW if self.shadow else 0)
 
     @classmethod
     def unpack(cls, buf: bytes | memoryview) -> Rule:
@@ -237,7 +245,7 @@ class Rule:
             RULE.unpack_exact(buf)
         )
         return cls(node_mask, nr, size, match_off, ptr_off, len_off, tuple(match[:n_match]),
-                   bool(flags & RULE_F_POST))
+                   bool(flags & RULE_F_POST), bool(flags & RULE_F_SHADOW))
 
 
 @dataclass(frozen=True, slots=True)

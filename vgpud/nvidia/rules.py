@@ -3,6 +3,10 @@
 A rule selects calls by escape, exact params size and a u32 key in the params
 (object class, control command), and names the user pointer whose buffer the
 module copies into the upcall (the alloc params, the control params).
+
+Every builder takes ``post`` (a POST event after each allowed call) and
+``shadow`` (the driver reads the module's checked copy of the params and the
+buffer, so that what the policy decided on is what the driver acts on).
 """
 
 from __future__ import annotations
@@ -36,16 +40,15 @@ def _keys(values: Iterable[int]) -> tuple[int, ...]:
     return keys
 
 
-def rm_alloc_classes(classes: Iterable[int], *, post: bool = False) -> tuple[Rule, Rule]:
-    """RM_ALLOC of these object classes, as NVOS21 (32 B) and NVOS64 (48 B).
-
-    ``post`` (here and below): send a POST event after each allowed call.
-    """
+def rm_alloc_classes(classes: Iterable[int], *, post: bool = False,
+                     shadow: bool = False) -> tuple[Rule, Rule]:
+    """RM_ALLOC of these object classes, as NVOS21 (32 B) and NVOS64 (48 B)."""
     keys = _keys(classes)
-    return _rm_alloc_rule(NVOS21, keys, post), _rm_alloc_rule(NVOS64, keys, post)
+    return (_rm_alloc_rule(NVOS21, keys, post, shadow),
+            _rm_alloc_rule(NVOS64, keys, post, shadow))
 
 
-def _rm_alloc_rule(layout: CStruct, keys: tuple[int, ...], post: bool) -> Rule:
+def _rm_alloc_rule(layout: CStruct, keys: tuple[int, ...], post: bool, shadow: bool) -> Rule:
     return Rule(
         node_mask=_RM_NODES,
         nr=Escape.RM_ALLOC,
@@ -55,10 +58,11 @@ def _rm_alloc_rule(layout: CStruct, keys: tuple[int, ...], post: bool) -> Rule:
         len_off=layout.offsets["paramsSize"],
         match=keys,
         post=post,
+        shadow=shadow,
     )
 
 
-def rm_control_cmds(cmds: Iterable[int], *, post: bool = False) -> Rule:
+def rm_control_cmds(cmds: Iterable[int], *, post: bool = False, shadow: bool = False) -> Rule:
     """RM_CONTROL of these command ids, with their params copied."""
     return Rule(
         node_mask=_RM_NODES,
@@ -69,20 +73,24 @@ def rm_control_cmds(cmds: Iterable[int], *, post: bool = False) -> Rule:
         len_off=NVOS54.offsets["paramsSize"],
         match=_keys(cmds),
         post=post,
+        shadow=shadow,
     )
 
 
-def rm_free(*, post: bool = False) -> Rule:
+def rm_free(*, post: bool = False, shadow: bool = False) -> Rule:
     """Every RM_FREE (NVOS00)."""
-    return Rule(node_mask=_RM_NODES, nr=Escape.RM_FREE, size=NVOS00.size, post=post)
+    return Rule(node_mask=_RM_NODES, nr=Escape.RM_FREE, size=NVOS00.size, post=post,
+                shadow=shadow)
 
 
-def rm_dup_object(*, post: bool = False) -> Rule:
+def rm_dup_object(*, post: bool = False, shadow: bool = False) -> Rule:
     """Every RM_DUP_OBJECT (NVOS55)."""
-    return Rule(node_mask=_RM_NODES, nr=Escape.RM_DUP_OBJECT, size=NVOS55.size, post=post)
+    return Rule(node_mask=_RM_NODES, nr=Escape.RM_DUP_OBJECT, size=NVOS55.size, post=post,
+                shadow=shadow)
 
 
-def rm_alloc_memory_classes(classes: Iterable[int], *, post: bool = False) -> Rule:
+def rm_alloc_memory_classes(classes: Iterable[int], *, post: bool = False,
+                            shadow: bool = False) -> Rule:
     """RM_ALLOC_MEMORY (NVOS02 + fd, on the GPU node only) of these classes."""
     return Rule(
         node_mask=1 << Node.GPU,
@@ -91,10 +99,12 @@ def rm_alloc_memory_classes(classes: Iterable[int], *, post: bool = False) -> Ru
         match_off=NVOS02_WITH_FD.offsets["hClass"],
         match=_keys(classes),
         post=post,
+        shadow=shadow,
     )
 
 
-def rm_vid_heap_functions(functions: Iterable[int], *, post: bool = False) -> Rule:
+def rm_vid_heap_functions(functions: Iterable[int], *, post: bool = False,
+                          shadow: bool = False) -> Rule:
     """RM_VID_HEAP_CONTROL (NVOS32) of these functions (ALLOC_SIZE, FREE...)."""
     return Rule(
         node_mask=_RM_NODES,
@@ -103,18 +113,26 @@ def rm_vid_heap_functions(functions: Iterable[int], *, post: bool = False) -> Ru
         match_off=NVOS32.offsets["function"],
         match=_keys(functions),
         post=post,
+        shadow=shadow,
     )
 
 
 def parse_filter_spec(spec: str) -> Filter:
-    """Parse a ``--filter`` value: ``open``, ``alloc:0x40,0x3f`` or ``control:0xa06c0101``."""
+    """Parse a ``--filter`` value: ``open``, ``alloc:0x40,0x3f`` or ``control:0xa06c0101``.
+
+    ``alloc+shadow:...`` and ``control+shadow:...`` ask for shadow calls.
+    """
     kind, _, values = spec.partition(":")
     if kind == "open" and not values:
         return Filter(flags=FILTER_OPEN)
+    kind, plus, flag = kind.partition("+")
+    if plus and flag != "shadow":
+        raise ValueError(f"bad filter {spec!r}: the only option is +shadow")
+    shadow = bool(plus)
     numbers = [int(v, 0) for v in values.split(",") if v]
     if kind == "alloc":
-        return Filter(rules=rm_alloc_classes(numbers))
+        return Filter(rules=rm_alloc_classes(numbers, shadow=shadow))
     if kind == "control":
-        return Filter(rules=(rm_control_cmds(numbers),))
-    raise ValueError(f"bad filter {spec!r}: expected open, alloc:CLASSES or control:CMDS")
-
+        return Filter(rules=(rm_control_cmds(numbers, shadow=shadow),))
+    raise ValueError(f"bad filter {spec!r}: expected open, alloc[+shadow]:CLASSES or "
+                     "control[+shadow]:CMDS")

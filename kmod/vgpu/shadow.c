@@ -1,0 +1,201 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Shadows: what the driver reads is what the module read, not the caller's
+ * memory again. The driver reads user memory of the current process only,
+ * so the copy goes into a private anonymous region mapped in the caller's
+ * mm for the duration of the call.
+ *
+ * Shadow calls (VGPU_RULE_F_SHADOW) hand the driver the blocks the daemon
+ * checked:
+ *
+ *   [ xfer wrapper (XFER calls) | params | the rule's buffer ]
+ *
+ * The params are written as the upcall carried them, except that the
+ * rule's pointer names the shadow's copy of its buffer; an XFER wrapper of
+ * our own names the shadow params. The driver is called on the shadow, its
+ * results are read back, and the region is unmapped on every path.
+ *
+ * Every other IOCTL_XFER_CMD call gets a wrapper-only shadow: the wrapper
+ * as the module read it (its escape chose the filter's path), still naming
+ * the caller's params.
+ *
+ * What a shadow does not close: the region is an ordinary mapping of the
+ * caller's process, so a sibling thread that finds it can write it while
+ * the driver runs (see docs/architecture.md).
+ */
+#include <linux/atomic.h>
+#include <linux/err.h>
+#include <linux/mm.h>
+#include <linux/mman.h>
+#include <linux/moduleparam.h>
+#include <linux/sched.h>
+#include <linux/sysfs.h>
+#include <linux/uaccess.h>
+
+#include "vgpu.h"
+
+/* Gauges, read-only module parameters; independent atomics. */
+static atomic64_t vgpu_shadow_calls = ATOMIC64_INIT(0);
+static atomic64_t vgpu_shadows_live = ATOMIC64_INIT(0);
+
+static int vgpu_gauge_get(char *buf, const struct kernel_param *kp)
+{
+	return sysfs_emit(buf, "%lld\n", (long long)atomic64_read(kp->arg));
+}
+
+static const struct kernel_param_ops vgpu_gauge_ops = {
+	.get = vgpu_gauge_get,
+};
+
+module_param_cb(shadow_calls, &vgpu_gauge_ops, &vgpu_shadow_calls, 0444);
+MODULE_PARM_DESC(shadow_calls, "VGPU_RULE_F_SHADOW calls handed to the driver on a shadow (read-only)");
+module_param_cb(shadows_live, &vgpu_gauge_ops, &vgpu_shadows_live, 0444);
+MODULE_PARM_DESC(shadows_live, "shadow regions mapped now, shadow calls and XFER wrappers (read-only)");
+
+/* Maps @len bytes (whole pages) for @sh; 0 or a negative errno. */
+static int vgpu_shadow_alloc(struct vgpu_shadow *sh, size_t len)
+{
+	unsigned long base;
+
+	memset(sh, 0, sizeof(*sh));
+	if (!current->mm)
+		return -EFAULT;
+	base = vm_mmap(NULL, 0, len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, 0);
+	if (IS_ERR_VALUE(base))
+		return (int)base;
+	sh->base = base;
+	sh->len = len;
+	atomic64_inc(&vgpu_shadows_live);
+	return 0;
+}
+
+/**
+ * vgpu_shadow_map - map a shadow of a call's checked blocks
+ * @sh: the shadow, filled here; unmapped by vgpu_shadow_unmap()
+ * @xfer: the wrapper as the module read it (its @ptr is replaced), or NULL
+ * @params: the params as the upcall carried them
+ * @plen: their length, 1..VGPU_PARAMS_MAX
+ * @ptr_off: offset of the rule's u64 pointer in @params, VGPU_OFF_NONE
+ *	when the buffer is not shadowed (@data NULL)
+ * @data: the rule's buffer as the upcall carried it, or NULL
+ * @dlen: its length, at most VGPU_PARAMS_MAX
+ *
+ * Return: 0, or a negative errno with nothing mapped: -ENOMEM (no room in
+ * the caller's address space), -EFAULT (no mm, or the region could not be
+ * written: a sibling thread unmapped it).
+ */
+int vgpu_shadow_map(struct vgpu_shadow *sh, const struct nv_ioctl_xfer *xfer,
+		    const void *params, u32 plen, u32 ptr_off,
+		    const void *data, u32 dlen)
+{
+	size_t poff = xfer ? sizeof(*xfer) : 0;
+	size_t doff = ALIGN(poff + plen, sizeof(u64));
+	struct nv_ioctl_xfer wrap;
+	unsigned long base;
+	u64 dptr;
+	int err;
+
+	if (!plen || plen > VGPU_PARAMS_MAX || dlen > VGPU_PARAMS_MAX ||
+	    (data && (ptr_off == VGPU_OFF_NONE || plen < sizeof(u64) ||
+		      ptr_off > plen - sizeof(u64)))) {
+		memset(sh, 0, sizeof(*sh));
+		return -EINVAL;		/* the caller checked: unreachable */
+	}
+	err = vgpu_shadow_alloc(sh, PAGE_ALIGN(data ? doff + dlen : poff + plen));
+	if (err)
+		return err;
+	base = sh->base;
+	sh->params = (void __user *)(base + poff);
+	sh->data = data ? (void __user *)(base + doff) : NULL;
+	sh->arg = xfer ? base : base + poff;
+
+	if (copy_to_user(sh->params, params, plen))
+		goto err_unmap;
+	if (data) {
+		dptr = (u64)(unsigned long)sh->data;
+		if (copy_to_user(sh->data, data, dlen) ||
+		    copy_to_user(sh->params + ptr_off, &dptr, sizeof(dptr)))
+			goto err_unmap;
+	}
+	if (xfer) {
+		wrap = *xfer;
+		wrap.ptr = (u64)(unsigned long)sh->params;
+		if (copy_to_user((void __user *)base, &wrap, sizeof(wrap)))
+			goto err_unmap;
+	}
+	atomic64_inc(&vgpu_shadow_calls);
+	return 0;
+
+err_unmap:
+	vgpu_shadow_unmap(sh);
+	return -EFAULT;
+}
+
+/**
+ * vgpu_shadow_map_wrapper - map a copy of an IOCTL_XFER_CMD wrapper
+ * @sh: the shadow, filled here (@sh->arg names the copy); unmapped by
+ *	vgpu_shadow_unmap()
+ * @xfer: the wrapper as the module read it, copied as is
+ *
+ * Return: as vgpu_shadow_map().
+ */
+int vgpu_shadow_map_wrapper(struct vgpu_shadow *sh,
+			    const struct nv_ioctl_xfer *xfer)
+{
+	int err;
+
+	err = vgpu_shadow_alloc(sh, PAGE_SIZE);
+	if (err)
+		return err;
+	sh->arg = sh->base;
+	if (copy_to_user((void __user *)sh->base, xfer, sizeof(*xfer))) {
+		vgpu_shadow_unmap(sh);
+		return -EFAULT;
+	}
+	return 0;
+}
+
+/**
+ * vgpu_shadow_read_params - read back the params as the driver left them
+ * @sh: a mapped shadow
+ * @params: receives @plen bytes
+ * @plen: as mapped
+ *
+ * Return: 0, or -EFAULT when the region could not be read.
+ */
+int vgpu_shadow_read_params(const struct vgpu_shadow *sh, void *params,
+			    u32 plen)
+{
+	return copy_from_user(params, sh->params, plen) ? -EFAULT : 0;
+}
+
+/**
+ * vgpu_shadow_read_data - read back the rule's buffer as the driver left it
+ * @sh: a mapped shadow with a buffer
+ * @data: receives @dlen bytes
+ * @dlen: as mapped
+ *
+ * Return: 0, or -EFAULT when the region could not be read.
+ */
+int vgpu_shadow_read_data(const struct vgpu_shadow *sh, void *data, u32 dlen)
+{
+	if (!sh->data)
+		return -EFAULT;
+	return copy_from_user(data, sh->data, dlen) ? -EFAULT : 0;
+}
+
+/* Unmaps the shadow, if mapped; safe to call twice. */
+void vgpu_shadow_unmap(struct vgpu_shadow *sh)
+{
+	if (!sh->base)
+		return;
+	/*
+	 * Fails only when the caller is being killed (its mm goes with it);
+	 * a range a sibling thread unmapped in between is no error.
+	 */
+	if (vm_munmap(sh->base, sh->len))
+		pr_debug("vgpu: shadow unmap failed\n");
+	sh->base = 0;
+	atomic64_dec(&vgpu_shadows_live);
+}
