@@ -317,3 +317,43 @@ def test_filter_round_trip(specs, flags) -> None:
         rules.extend(rm_alloc_classes(keys) if nr == 0x2B else [rm_control_cmds(keys)])
     filt = Filter(flags, tuple(rules[: uapi.RULES_MAX]))
     assert parse_filter(parse_request(codec.encode_set_filter(FAMILY, 1, filt))[3]) == filt
+
+
+def _general(buf: bytes) -> Upcall | DecodeError:
+    """The attribute-walking decoder, which the one-unpack path must agree with."""
+    try:
+        return codec._decode_upcall(buf, codec._HDRS, len(buf))
+    except DecodeError as exc:
+        return exc
+
+
+@given(kind=st.sampled_from(list(UpcallKind)), node=st.integers(0, 4), flags=u32, ret=u32,
+       reserved=st.sampled_from([0, 0, 1]), params=st.binary(max_size=64),
+       data=st.none() | st.binary(max_size=64), extra=st.sampled_from([b"", b"x", b"xyz"]),
+       data_first=st.booleans())
+def test_one_unpack_path_agrees_with_the_general_decoder(
+        kind, node, flags, ret, reserved, params, data, extra, data_first) -> None:
+    head = attr(Attr.UPCALL, upcall_struct(kind=kind, node=node, flags=flags, ret=ret - 2**31,
+                                           reserved=reserved))
+    blocks = [attr(Attr.PARAMS, params)] + ([] if data is None else [attr(Attr.DATA, data)])
+    if data_first:
+        blocks.reverse()
+    buf = genl(Cmd.UPCALL, head, *blocks) + extra
+    buf = struct.pack("=I", len(buf)) + buf[4:]  # trailing bytes inside the message
+    got, want = codec.decode_datagram(buf, FAMILY), _general(buf)
+    assert len(got) == 1
+    usual = (kind in (UpcallKind.IOCTL, UpcallKind.POST) and node <= 2 and not reserved
+             and not extra and (data is None or not data_first))
+    assert (codec._decode_call_upcall(buf, len(buf)) is not None) == usual
+    if isinstance(want, DecodeError):
+        assert isinstance(got[0], DecodeError)
+        assert (str(got[0]), got[0].upcall_id) == (str(want), want.upcall_id)
+    else:
+        assert got[0] == want
+        assert type(got[0].kind) is UpcallKind and type(got[0].node) is Node
+
+
+@given(id_=u64)
+def test_allow_verdict_bytes_match_the_general_encoder(id_: int) -> None:
+    enc = codec.VerdictEncoder(FAMILY)
+    assert enc.encode(id_, uapi.ALLOW) == enc._encode(id_, uapi.ALLOW)

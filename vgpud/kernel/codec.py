@@ -15,6 +15,7 @@ must be zero and enum values known.
 from __future__ import annotations
 
 import struct
+import sys
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -181,6 +182,14 @@ _UPCALL_ATTR_LEN = NLA_HDR.size + _UPCALL_SIZE
 _UPCALL_NLA = (_UPCALL_ATTR_LEN, _A_UPCALL)  # the header of VGPU_A_UPCALL
 _NL_LEN_TYPE = struct.Struct("=IH").unpack_from
 _EVENT_UNPACK = uapi.EVENT.struct.unpack_from
+# After the genl header: VGPU_A_UPCALL (header + struct) and the next attribute's header.
+_CALL_HEAD = struct.Struct("=HH" + uapi.UPCALL.struct.format[1:] + "HH")
+_CALL_HEAD_UNPACK = _CALL_HEAD.unpack_from
+_CALL_HEAD_SIZE = _HDRS + _CALL_HEAD.size
+_CALL_KINDS = frozenset({int(UpcallKind.IOCTL), int(UpcallKind.POST)})
+_KIND_LIST = [_KINDS.get(i) for i in range(max(_KINDS) + 1)]
+_NODE_LIST = [Node(i) for i in range(len(Node))]
+_NODE_MAX = len(_NODE_LIST) - 1
 
 
 def _align(n: int) -> int:
@@ -269,6 +278,37 @@ def _decode_upcall(buf: bytes, off: int, end: int) -> Upcall:
                          caller_pid, caller_tgid, params or b"", data, ret))
 
 
+def _decode_call_upcall(buf: bytes, size: int) -> Upcall | None:
+    """IOCTL and POST upcalls in the module's own layout, with one unpack.
+
+    Headers, VGPU_A_UPCALL and the VGPU_A_PARAMS header that follows it, then
+    params, optionally VGPU_A_DATA, and nothing else. None: anything unusual,
+    which the general decoder then reads (and reports).
+    """
+    (nla_len, nla_type, upcall_id, ctx_id, cgroup_id, kind, node, minor, cmd, nr, flags,
+     pid, tgid, uid, gid, caller_pid, caller_tgid, ret, reserved, p_len, p_type,
+     ) = _CALL_HEAD_UNPACK(buf, _HDRS)
+    if (nla_len != _UPCALL_ATTR_LEN or nla_type != _A_UPCALL or p_type != _A_PARAMS
+            or reserved or node > _NODE_MAX or kind not in _CALL_KINDS):
+        return None
+    p_end = _CALL_HEAD_SIZE - 4 + p_len
+    d_pos = (p_end + 3) & ~3
+    if p_len < 4 or d_pos > size:
+        return None
+    data = None
+    if d_pos != size:
+        if size - d_pos < 4:
+            return None
+        d_len, d_type = _NLA_UNPACK(buf, d_pos)
+        if d_type != _A_DATA or d_len < 4 or (d_pos + d_len + 3) & ~3 != size:
+            return None
+        data = buf[d_pos + 4 : d_pos + d_len]
+    opener = _new(Opener, (pid, tgid, uid, gid, cgroup_id, None))
+    return _new(Upcall, (upcall_id, ctx_id, _KIND_LIST[kind], _NODE_LIST[node], minor, cmd, nr,
+                         flags, opener, caller_pid, caller_tgid, buf[_CALL_HEAD_SIZE:p_end],
+                         data, ret))
+
+
 def _salvage_id(buf: bytes, off: int, end: int) -> int | None:
     """Find the upcall id in a malformed upcall, walking attributes leniently."""
     while end - off >= NLA_HDR.size:
@@ -331,6 +371,10 @@ def decode_datagram(buf: bytes, family_id: int) -> list[Message | DecodeError]:
     if size >= _HDRS:  # fast path: a datagram holding one upcall, as the module sends them
         length, nl_type = _NL_LEN_TYPE(buf)
         if length == size and nl_type == family_id and buf[16] == _CMD_UPCALL:
+            if size >= _CALL_HEAD_SIZE:
+                upcall = _decode_call_upcall(buf, size)
+                if upcall is not None:
+                    return [upcall]
             try:
                 return [_decode_upcall(buf, _HDRS, size)]
             except DecodeError as exc:
@@ -428,15 +472,23 @@ class VerdictEncoder:
     REPLY appends its VGPU_A_PARAMS / VGPU_A_DATA attributes after the struct.
     """
 
-    __slots__ = ("_family_id", "_pack")
+    __slots__ = ("_allow_head", "_allow_tail", "_family_id", "_pack")
 
     _STRUCT = struct.Struct("=IHHIIBBHHH" + uapi.VERDICT.struct.format[1:])
+    _ID_AT = _STRUCT.size - uapi.VERDICT.size  # offset of vgpu_verdict.id
 
     def __init__(self, family_id: int) -> None:
         self._family_id = family_id
         self._pack = self._STRUCT.pack
+        allow = self._encode(0, _ALLOW)  # ALLOW, the common answer: only the id varies
+        self._allow_head, self._allow_tail = allow[: self._ID_AT], allow[self._ID_AT + 8 :]
 
     def encode(self, upcall_id: int, verdict: Verdict) -> bytes:
+        if verdict is _ALLOW and upcall_id <= _U64_MAX:
+            return self._allow_head + upcall_id.to_bytes(8, _BYTEORDER) + self._allow_tail
+        return self._encode(upcall_id, verdict)
+
+    def _encode(self, upcall_id: int, verdict: Verdict) -> bytes:
         action, error, status, status_off, flags, params, data = verdict
         if params is None and data is None:
             return self._pack(
@@ -457,6 +509,9 @@ class VerdictEncoder:
 
 
 _VERDICT_MSG_LEN = VerdictEncoder._STRUCT.size
+_ALLOW = uapi.ALLOW
+_U64_MAX = (1 << 64) - 1
+_BYTEORDER = sys.byteorder  # the "=" of the struct formats: native order
 _VERDICT_ATTR_LEN = NLA_HDR.size + uapi.VERDICT.size
 _CMD_VERDICT, _A_VERDICT = int(Cmd.VERDICT), int(Attr.VERDICT)
 _GENL_VERSION = uapi.GENL_VERSION

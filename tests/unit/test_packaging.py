@@ -1,0 +1,63 @@
+"""The packaging files, checked by the tools that will read them.
+
+systemd/vgpud.service through systemd-analyze verify (with ExecStart pointed
+at this checkout's vgpud, as an install would), systemd/vgpu.conf through
+modprobe's own config parser. The udev rule is checked in the VM tier
+(tests/vm/test_packaging.py), where the module's devices exist.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+UNIT = ROOT / "systemd/vgpud.service"
+VGPUD = Path(sys.executable).parent / "vgpud"
+
+
+def verify(unit: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True,
+                          text=True, check=False)
+
+
+needs_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None,
+                                   reason="systemd-analyze not installed (package systemd)")
+
+
+@needs_analyze
+def test_unit_verifies_clean(tmp_path: Path) -> None:
+    text = UNIT.read_text()
+    assert "ExecStart=/opt/vgpud/bin/vgpud " in text
+    unit = tmp_path / "vgpud.service"
+    unit.write_text(text.replace("/opt/vgpud/bin/vgpud", str(VGPUD)))
+    res = verify(unit)
+    assert (res.returncode, res.stdout + res.stderr) == (0, "")
+
+
+@needs_analyze
+def test_verify_catches_a_broken_unit(tmp_path: Path) -> None:
+    """The check above can fail: an unknown key or a missing binary is reported."""
+    unit = tmp_path / "vgpud.service"
+    unit.write_text(UNIT.read_text().replace("Type=notify", "Type=notify\nWatchdogSecs=3"))
+    assert "Unknown key" in verify(unit).stderr
+
+
+def test_unit_matches_the_daemon() -> None:
+    """What the unit relies on exists: sd_notify READY/WATCHDOG and SIGHUP reload."""
+    text = UNIT.read_text()
+    daemon = (ROOT / "vgpud/daemon.py").read_text()
+    assert "Type=notify" in text and '"READY=1"' in daemon
+    assert "WatchdogSec=" in text and '"WATCHDOG=1"' in daemon
+    assert "kill -HUP" in text and "SIGHUP" in daemon
+
+
+@pytest.mark.skipif(not Path("/sbin/modprobe").exists(), reason="kmod not installed")
+def test_modprobe_options_parse() -> None:
+    res = subprocess.run(["/sbin/modprobe", f"--config={ROOT / 'systemd/vgpu.conf'}",
+                          "--showconfig"], capture_output=True, text=True, check=True)
+    assert "options vgpu backing_dir=/dev fail_open=N upcall_timeout_ms=5000" in res.stdout
