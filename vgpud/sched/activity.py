@@ -79,7 +79,7 @@ class NvsimActivity:
     name = "nvsim"
     blocking = False  # a procfs read of a few KiB
 
-    def __init__(self, path: Path = NVSIM_PROC / "groups", interval: float = 0.005) -> None:
+    def __init__(self, path: Path = NVSIM_PROC / "groups", interval: float = 0.01) -> None:
         self.path = path
         self.interval = interval
         self.bad_lines = 0
