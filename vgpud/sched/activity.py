@@ -22,13 +22,14 @@ to tenants through the tracked channel groups, on the event loop.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from vgpud.sched.groups import GroupTracker, group_id
+from vgpud.sched.groups import GroupTracker
 
 __all__ = [
     "Activity",
@@ -41,6 +42,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 NVSIM_PROC = Path("/proc/driver/nvsim")
+READ_SIZE = 1 << 16
 NVML_SUCCESS = 0
 NVML_ERROR_NOT_FOUND = 6
 
@@ -79,40 +81,52 @@ class NvsimActivity:
     name = "nvsim"
     blocking = False  # a procfs read of a few KiB
 
-    def __init__(self, path: Path = NVSIM_PROC / "groups", interval: float = 0.01) -> None:
+    def __init__(self, path: Path = NVSIM_PROC / "groups", interval: float = 0.02) -> None:
         self.path = path
         self.interval = interval
         self.bad_lines = 0
+        self._fd: int | None = None
         self._last: dict[int, int] = {}  # group id -> busy_ns seen
         self._busy: dict[GpuTenant, int] = {}
 
-    def read(self) -> str:
+    def read(self) -> bytes:
+        """The file from offset 0 of one open fd (a seq_file regenerates it)."""
         try:
-            return self.path.read_text()
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            chunks, offset = [], 0
+            while chunk := os.pread(self._fd, READ_SIZE, offset):
+                chunks.append(chunk)
+                offset += len(chunk)
+            return b"".join(chunks)
         except OSError as exc:
             log.warning("activity: %s: %s", self.path, exc)
-            return ""
+            self.close()
+            return b""
 
-    def update(self, raw: str, groups: GroupTracker, running: Mapping[int, str | None],
+    def update(self, raw: bytes, groups: GroupTracker, running: Mapping[int, str | None],
                now_ns: int) -> Activity:
         runnable: set[GpuTenant] = set()
         seen: dict[int, int] = {}
-        last, busy = self._last, self._busy
-        for line in raw.splitlines()[1:]:
+        last, busy, by_id = self._last, self._busy, groups.by_id
+        for line in raw.split(b"\n")[1:]:
+            fields = line.split()
+            if len(fields) != 8:
+                if line:
+                    self.bad_lines += 1
+                continue
             try:
-                _gpu, client, handle, _tgid, _en, _ts, pending, busy_ns = line.split(" ")
-                client_h, handle_h = int(client, 16), int(handle, 16)
-                pending_ns, busy_now = int(pending), int(busy_ns)
+                gid = int(fields[1], 16) << 32 | int(fields[2], 16)
+                group = by_id.get(gid)
+                if group is None:
+                    continue  # not one of ours (or not learned yet)
+                busy_now = int(fields[7])
             except ValueError:
                 self.bad_lines += 1
                 continue
-            group = groups.get(client_h, handle_h)
-            if group is None:
-                continue  # not one of ours (or not learned yet)
             key = (group.gpu, group.tenant)
-            if pending_ns > 0:
+            if fields[6] != b"0":
                 runnable.add(key)
-            gid = group_id(client_h, handle_h)
             seen[gid] = busy_now
             delta = busy_now - last.get(gid, 0)
             if delta > 0:
@@ -121,7 +135,9 @@ class NvsimActivity:
         return Activity(frozenset(runnable), dict(busy))
 
     def close(self) -> None:
-        pass
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 # --- NVML -------------------------------------------------------------------

@@ -8,8 +8,9 @@ away with its own free, its device's, its client's, or its context's close.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Protocol
 
 __all__ = ["Group", "GroupSink", "GroupTracker", "group_id"]
@@ -46,6 +47,7 @@ class GroupSink(Protocol):
 class GroupTracker:
     def __init__(self) -> None:
         self._groups: dict[int, Group] = {}  # by group_id
+        self._view = MappingProxyType(self._groups)
         self._by_client: dict[int, set[int]] = {}  # client -> group ids
         self.sinks: list[GroupSink] = []
 
@@ -54,6 +56,11 @@ class GroupTracker:
 
     def __iter__(self) -> Iterator[Group]:
         return iter(tuple(self._groups.values()))
+
+    @property
+    def by_id(self) -> Mapping[int, Group]:
+        """The live groups by group_id (a read-only view)."""
+        return self._view
 
     def get(self, client: int, handle: int) -> Group | None:
         return self._groups.get(group_id(client, handle))
