@@ -1,7 +1,8 @@
 """vgpuctl: the command-line front end.
 
 A thin client of vgpud's D-Bus API (org.vgpud1 on the system bus, see
-docs/dbus-api.md), plus ``module-stats``, which asks the kernel module directly.
+docs/dbus-api.md), plus ``module-stats`` and ``module-contexts``, which ask the
+kernel module directly.
 Read commands take --json (one JSON document on stdout).
 
 Exit status, for scripts:
@@ -29,7 +30,8 @@ from rich.live import Live
 from rich.table import Table
 
 from vgpud.admin.client import AdminClient, DaemonUnavailable
-from vgpud.kernel.channel import ChannelError, query_module_stats
+from vgpud.kernel import uapi
+from vgpud.kernel.channel import ChannelError, query_module_contexts, query_module_stats
 from vgpud.kernel.codec import DecodeError
 
 __all__ = ["main"]
@@ -66,6 +68,25 @@ def module_stats(as_json: bool) -> None:
     table = Table("counter", "value", title="vgpu module")
     for name, value in asdict(stats).items():
         table.add_row(name, str(value))
+    Console().print(table)
+
+
+@main.command("module-contexts")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON array.")
+def module_contexts(as_json: bool) -> None:
+    """The vgpu module's open emulated files (VGPU_CMD_LIST_CONTEXTS)."""
+    try:
+        contexts = asyncio.run(query_module_contexts())
+    except (ChannelError, DecodeError) as exc:
+        click.echo(f"vgpuctl: {exc}", err=True)
+        raise SystemExit(EX_UNAVAILABLE) from None
+    rows = [c._asdict() | {"node": c.node.name.lower()} for c in contexts]
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    table = Table(*uapi.Context._fields, title="vgpu module contexts")
+    for row in rows:
+        table.add_row(*(str(v) for v in row.values()))
     Console().print(table)
 
 

@@ -431,6 +431,9 @@ static int vgpu_open(struct inode *inode, struct file *file)
 		if (err)
 			goto err_put_backing;
 	}
+	err = vgpu_ctx_register(ctx);
+	if (err)
+		goto err_put_backing;
 
 	file->private_data = ctx;
 	vgpu_count(contexts);
@@ -452,9 +455,10 @@ static int vgpu_release(struct inode *inode, struct file *file)
 		.kind = VGPU_EVENT_CLOSE,
 	};
 
+	vgpu_ctx_unregister(ctx);
 	vgpu_event(&ev, NULL, 0, NULL, 0);
 	fput(ctx->backing);
-	kfree(ctx);
+	kfree_rcu(ctx, rcu);
 	vgpu_uncount(contexts);
 	return 0;
 }

@@ -25,6 +25,9 @@ static const struct nla_policy vgpu_nl_policy[VGPU_A_MAX + 1] = {
 	[VGPU_A_CGROUP]		= { .type = NLA_NUL_STRING, .len = PATH_MAX - 1 },
 	[VGPU_A_VERDICT]	= NLA_POLICY_EXACT_LEN(sizeof(struct vgpu_verdict)),
 	[VGPU_A_EVENT]		= NLA_POLICY_EXACT_LEN(sizeof(struct vgpu_event)),
+	[VGPU_A_CURSOR]		= { .type = NLA_U64 },
+	/* Sized by vgpu_nl_schedule(), so that every bad size is -EINVAL. */
+	[VGPU_A_SCHED]		= { .type = NLA_BINARY },
 };
 
 static struct genl_family vgpu_genl_family;
@@ -186,6 +189,120 @@ static int vgpu_nl_verdict(struct sk_buff *skb, struct genl_info *info)
 	return err;
 }
 
+static int vgpu_nl_list_contexts(struct sk_buff *skb, struct genl_info *info)
+{
+	const struct nlattr *cursor = info->attrs[VGPU_A_CURSOR];
+	struct vgpu_context *ctxs;
+	struct sk_buff *msg;
+	u64 start = 0, next;
+	int err = -EMSGSIZE;
+	void *hdr;
+	u32 n;
+
+	/* Each reply fits one attribute (nla_len is 16 bits). */
+	BUILD_BUG_ON(nla_total_size(VGPU_LIST_MAX * sizeof(*ctxs)) > U16_MAX);
+	BUILD_BUG_ON(nla_total_size(VGPU_SCHED_MAX *
+				    sizeof(struct vgpu_sched_result)) > U16_MAX);
+	if (cursor)
+		start = nla_get_u64(cursor);
+	ctxs = kvmalloc_array(VGPU_LIST_MAX, sizeof(*ctxs), GFP_KERNEL);
+	if (!ctxs)
+		return -ENOMEM;
+	n = vgpu_ctx_list(start, ctxs, VGPU_LIST_MAX, &next);
+	msg = genlmsg_new(nla_total_size(n * sizeof(*ctxs)) +
+			  nla_total_size(sizeof(next)), GFP_KERNEL);
+	if (!msg) {
+		err = -ENOMEM;
+		goto out_free;
+	}
+	hdr = genlmsg_put_reply(msg, info, &vgpu_genl_family, 0,
+				VGPU_CMD_LIST_CONTEXTS);
+	if (!hdr)
+		goto out_msg;
+	if (nla_put(msg, VGPU_A_CONTEXTS, n * sizeof(*ctxs), ctxs) ||
+	    nla_put(msg, VGPU_A_CURSOR, sizeof(next), &next))
+		goto out_msg;
+	genlmsg_end(msg, hdr);
+	kvfree(ctxs);
+	return genlmsg_reply(msg, info);
+
+out_msg:
+	nlmsg_free(msg);
+out_free:
+	kvfree(ctxs);
+	return err;
+}
+
+static int vgpu_nl_schedule(struct sk_buff *skb, struct genl_info *info)
+{
+	const struct nlattr *attr = info->attrs[VGPU_A_SCHED];
+	struct vgpu_sched_result *res;
+	const char *why = NULL;
+	struct vgpu_sched *in;
+	struct sk_buff *msg;
+	u32 portid, n;
+	void *hdr;
+	int err;
+
+	/* The family is not netns-aware: every sender is in init_net. */
+	portid = vgpu_daemon_portid();
+	if (!portid || portid != info->snd_portid) {
+		NL_SET_ERR_MSG(info->extack,
+			       "vgpu: SCHEDULE is for the registered daemon only");
+		return -EPERM;
+	}
+	if (GENL_REQ_ATTR_CHECK(info, VGPU_A_SCHED))
+		return -EINVAL;
+	n = nla_len(attr) / sizeof(*in);
+	if (nla_len(attr) % sizeof(*in) || !n || n > VGPU_SCHED_MAX) {
+		NL_SET_ERR_MSG_ATTR(info->extack, attr,
+				    "vgpu: SCHED must hold 1 to VGPU_SCHED_MAX struct vgpu_sched");
+		return -EINVAL;
+	}
+	/* A copy: the attribute is only 4-byte aligned, the struct has u64s. */
+	in = kmemdup(nla_data(attr), nla_len(attr), GFP_KERNEL);
+	if (!in)
+		return -ENOMEM;
+	res = kcalloc(n, sizeof(*res), GFP_KERNEL);
+	if (!res) {
+		err = -ENOMEM;
+		goto out_in;
+	}
+	msg = genlmsg_new(nla_total_size(n * sizeof(*res)), GFP_KERNEL);
+	if (!msg) {
+		err = -ENOMEM;
+		goto out_res;
+	}
+	hdr = genlmsg_put_reply(msg, info, &vgpu_genl_family, 0,
+				VGPU_CMD_SCHEDULE);
+	if (!hdr) {
+		err = -EMSGSIZE;
+		goto out_msg;
+	}
+	err = vgpu_schedule(in, n, res, &why);
+	if (err) {
+		if (why)
+			vgpu_extack(info->extack, attr, why);
+		goto out_msg;
+	}
+	if (nla_put(msg, VGPU_A_SCHED_RESULT, n * sizeof(*res), res)) {
+		err = -EMSGSIZE;
+		goto out_msg;
+	}
+	genlmsg_end(msg, hdr);
+	kfree(res);
+	kfree(in);
+	return genlmsg_reply(msg, info);
+
+out_msg:
+	nlmsg_free(msg);
+out_res:
+	kfree(res);
+out_in:
+	kfree(in);
+	return err;
+}
+
 static const struct genl_small_ops vgpu_nl_ops[] = {
 	{
 		.cmd	= VGPU_CMD_REGISTER,
@@ -210,6 +327,16 @@ static const struct genl_small_ops vgpu_nl_ops[] = {
 	{
 		.cmd	= VGPU_CMD_UNREGISTER,
 		.doit	= vgpu_nl_unregister,
+		.flags	= GENL_ADMIN_PERM,
+	},
+	{
+		.cmd	= VGPU_CMD_LIST_CONTEXTS,
+		.doit	= vgpu_nl_list_contexts,
+		.flags	= GENL_ADMIN_PERM,
+	},
+	{
+		.cmd	= VGPU_CMD_SCHEDULE,
+		.doit	= vgpu_nl_schedule,
 		.flags	= GENL_ADMIN_PERM,
 	},
 };

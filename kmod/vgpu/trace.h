@@ -73,6 +73,35 @@ TRACE_EVENT(vgpu_upcall_verdict,
 		      __entry->id, __entry->action, __entry->value)
 );
 
+/*
+ * One SCHEDULE entry applied: @error is 0 or a negative errno, @status the
+ * driver's NVIDIA status, @ns how long the entry took (lookup and ioctl).
+ * Entries of one message fire in the order they were applied.
+ */
+TRACE_EVENT(vgpu_schedule,
+	    TP_PROTO(u64 ctx_id, u32 h_client, u32 h_object, u32 enable,
+		     s32 error, u32 status, u64 ns),
+	    TP_ARGS(ctx_id, h_client, h_object, enable, error, status, ns),
+	    TP_STRUCT__entry(__field(u64, ctx_id)
+			     __field(u64, ns)
+			     __field(u32, h_client)
+			     __field(u32, h_object)
+			     __field(u32, enable)
+			     __field(s32, error)
+			     __field(u32, status)),
+	    TP_fast_assign(__entry->ctx_id = ctx_id;
+			   __entry->ns = ns;
+			   __entry->h_client = h_client;
+			   __entry->h_object = h_object;
+			   __entry->enable = enable;
+			   __entry->error = error;
+			   __entry->status = status;),
+	    TP_printk("ctx=%llu client=0x%x object=0x%x enable=%u error=%d status=0x%x ns=%llu",
+		      __entry->ctx_id, __entry->h_client, __entry->h_object,
+		      __entry->enable, __entry->error, __entry->status,
+		      __entry->ns)
+);
+
 #endif /* _VGPU_TRACE_H */
 
 #undef TRACE_INCLUDE_PATH

@@ -98,8 +98,10 @@ struct vgpu_node_dev {
  * @tgid: opener's process id
  * @uid: opener's fsuid (init user namespace)
  * @gid: opener's fsgid
+ * @rcu: for kfree_rcu: registry readers may still hold it (ctxreg.c)
  *
- * Immutable after open; freed by release.
+ * Immutable after open; in the context registry from open to release;
+ * freed by release, after an RCU grace period.
  */
 struct vgpu_ctx {
 	u64 id;
@@ -110,6 +112,7 @@ struct vgpu_ctx {
 	u32 tgid;
 	u32 uid;
 	u32 gid;
+	struct rcu_head rcu;
 };
 
 /**
@@ -135,6 +138,16 @@ extern struct vgpu_filter __rcu *vgpu_filter;
 extern const struct file_operations vgpu_fops;
 int vgpu_chardev_init(void);
 void vgpu_chardev_exit(void);
+
+/* ctxreg.c: the live contexts by id; its lock and RCU rules are there. */
+int vgpu_ctx_register(struct vgpu_ctx *ctx);
+void vgpu_ctx_unregister(struct vgpu_ctx *ctx);
+struct file *vgpu_ctx_backing_get(u64 id, u32 *node);
+u32 vgpu_ctx_list(u64 start, struct vgpu_context *out, u32 max, u64 *next);
+
+/* sched.c */
+int vgpu_schedule(const struct vgpu_sched *in, u32 n,
+		  struct vgpu_sched_result *out, const char **why);
 
 /* fdxlate.c */
 /**

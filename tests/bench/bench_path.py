@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -89,10 +90,11 @@ def pct(values: list[int], p: float) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=21)
     ap.add_argument("--fast-calls", type=int, default=5000)
     ap.add_argument("--slow-calls", type=int, default=300)
     ap.add_argument("--allocs", type=int, default=300)
+    ap.add_argument("--turns", type=int, default=3)
     args = ap.parse_args()
 
     sh("insmod", str(ROOT / "kmod/nvsim/nvsim.ko"), "gpus=1", "mem_mib=4096")
@@ -109,30 +111,43 @@ def main() -> None:
     print(f"  via vgpu      p50 {via[0]:7d} ns  p99 {via[2]:7d} ns")
     print(f"  ratio p50 {via[0] / direct[0]:.3f}  (target <= 1.05)\n")
 
-    slow: dict[str, tuple[int, int, int, int]] = {}
-    c = subprocess.Popen([str(resp), "-f", rule], stdout=subprocess.PIPE, text=True)
-    try:
-        wait_ready(c, "c_responder")
-        slow["C responder"] = measure(lat, args.rounds, args.slow_calls)["/dev/vgpu/nvidiactl"]
-    finally:
-        c.terminate()
-        c.wait()
-    py = subprocess.Popen([sys.executable, str(ROOT / "tests/bench/py_responder.py"),
-                           f"control:{CTRL:#x}"], stdout=subprocess.PIPE, text=True)
-    try:
-        wait_ready(py, "py_responder")
-        slow["Python floor"] = measure(lat, args.rounds, args.slow_calls)["/dev/vgpu/nvidiactl"]
-    finally:
-        py.terminate()
-        py.wait()
-    d = Daemon("--filter", f"control:{CTRL:#x}", "--filter", "alloc:0x40",
-               log_level="warning").start()
-    try:
-        slow["vgpud"] = measure(lat, args.rounds, args.slow_calls)["/dev/vgpu/nvidiactl"]
-        vg_alloc = alloc_free_ns(nv.NvNodes("/dev/vgpu"), args.allocs)
-    finally:
-        d.stop()
-    print("slow path (rule matches: upcall, verdict ALLOW, forward)")
+    # The three responders take turns, `--turns` times, so that a slow phase
+    # of the (noisy, shared) host hits them alike; each figure is the median
+    # over the turns of that turn's p50 / p99.
+    runs: dict[str, list[tuple[int, int, int, int]]] = {}
+    per_turn = max(1, args.rounds // args.turns)
+    vg_alloc: list[int] = []
+    for _ in range(args.turns):
+        c = subprocess.Popen([str(resp), "-f", rule], stdout=subprocess.PIPE, text=True)
+        try:
+            wait_ready(c, "c_responder")
+            runs.setdefault("C responder", []).append(
+                measure(lat, per_turn, args.slow_calls)["/dev/vgpu/nvidiactl"])
+        finally:
+            c.terminate()
+            c.wait()
+        py = subprocess.Popen([sys.executable, str(ROOT / "tests/bench/py_responder.py"),
+                               f"control:{CTRL:#x}"], stdout=subprocess.PIPE, text=True)
+        try:
+            wait_ready(py, "py_responder")
+            runs.setdefault("Python floor", []).append(
+                measure(lat, per_turn, args.slow_calls)["/dev/vgpu/nvidiactl"])
+        finally:
+            py.terminate()
+            py.wait()
+        d = Daemon("--filter", f"control:{CTRL:#x}", "--filter", "alloc:0x40",
+                   log_level="warning").start()
+        try:
+            runs.setdefault("vgpud", []).append(
+                measure(lat, per_turn, args.slow_calls)["/dev/vgpu/nvidiactl"])
+            if not vg_alloc:
+                vg_alloc = alloc_free_ns(nv.NvNodes("/dev/vgpu"), args.allocs)
+        finally:
+            d.stop()
+    slow = {name: tuple(int(statistics.median(r[i] for r in turns)) for i in range(4))
+            for name, turns in runs.items()}
+    print(f"slow path (rule matches: upcall, verdict ALLOW, forward; median of {args.turns}"
+          " turns)")
     for name, (p50, _p90, p99, _mean) in slow.items():
         print(f"  {name:12s}  p50 {p50:7d} ns  p99 {p99:7d} ns")
     cr, pf, vg = slow["C responder"], slow["Python floor"], slow["vgpud"]

@@ -8,6 +8,7 @@ socketpair(AF_UNIX, SOCK_DGRAM) that stands in for the netlink socket.
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 import struct
 from dataclasses import dataclass, field
@@ -71,12 +72,17 @@ def close_event_msg(ctx_id: int) -> bytes:
     return genl(Cmd.EVENT, attr(Attr.EVENT, head))
 
 
-def ack_msg(request: bytes, err: int = 0) -> bytes:
-    """NLMSG_ERROR for ``request``: the header only on success, all of it on error."""
+def ack_msg(request: bytes, err: int = 0, message: str | None = None) -> bytes:
+    """NLMSG_ERROR for ``request``: the header only on success, all of it on error;
+    ``message`` as the extended ACK's text."""
     _len, _type, _flags, seq, _pid = NLMSG_HDR.unpack_from(request)
     echoed = request[:16] if err == 0 else request
-    return nlmsg(NLMSG_ERROR, struct.pack("=i", -err) + echoed,
-                 flags=0x100 if err == 0 else 0, seq=seq)
+    body = struct.pack("=i", -err) + echoed
+    flags = 0x100 if err == 0 else 0
+    if message is not None:
+        body += b"\0" * ((-len(body)) % 4) + attr(1, message.encode() + b"\0")
+        flags |= 0x200  # NLM_F_ACK_TLVS
+    return nlmsg(NLMSG_ERROR, body, flags=flags, seq=seq)
 
 
 def stats_msg(seq: int, stats: Stats) -> bytes:
@@ -87,6 +93,23 @@ def stats_msg(seq: int, stats: Stats) -> bytes:
 def make_stats(**kw: int) -> Stats:
     values = dict.fromkeys(uapi.STATS.offsets, 0) | {"version": uapi.PROTO_VERSION} | kw
     return Stats(**values)
+
+
+def contexts_msg(seq: int, contexts: list[uapi.Context], cursor: int) -> bytes:
+    raw = b"".join(uapi.CONTEXT.struct.pack(*c) for c in contexts)
+    return genl(Cmd.LIST_CONTEXTS, attr(Attr.CONTEXTS, raw),
+                attr(Attr.CURSOR, struct.pack("=Q", cursor)), seq=seq)
+
+
+def sched_results_msg(seq: int, results: list[uapi.SchedResult]) -> bytes:
+    raw = b"".join(uapi.SCHED_RESULT.struct.pack(*r) for r in results)
+    return genl(Cmd.SCHEDULE, attr(Attr.SCHED_RESULT, raw), seq=seq)
+
+
+def make_context(ctx_id: int, node: uapi.Node = uapi.Node.CTL, **kw: int) -> uapi.Context:
+    values = dict(cgroup_id=0x100, minor=0, pid=100 + ctx_id, tgid=100 + ctx_id, uid=1000,
+                  gid=1000) | kw
+    return uapi.Context(ctx_id=ctx_id, node=node, **values)
 
 
 def parse_request(buf: bytes) -> tuple[int, int, int, dict[int, bytes]]:
@@ -123,6 +146,12 @@ class FakeKernel:
     verdicts: asyncio.Queue = field(default_factory=asyncio.Queue)  # struct vgpu_verdict tuples
     blocks: dict[int, tuple[bytes | None, bytes | None]] = field(default_factory=dict)  # REPLY
     late: bool = False  # answer every verdict with -ENOENT
+    contexts: list[uapi.Context] = field(default_factory=list)  # live, for LIST_CONTEXTS
+    list_page: int = uapi.LIST_MAX  # contexts per LIST_CONTEXTS reply
+    cursors: list[int] = field(default_factory=list)  # LIST_CONTEXTS cursors asked for
+    schedules: list[list[uapi.Sched]] = field(default_factory=list)  # SCHEDULE requests
+    statuses: dict[tuple[int, int], int] = field(default_factory=dict)  # (client, object)
+    registered: bool = False
 
     def start(self) -> None:
         self.sock.setblocking(False)
@@ -155,8 +184,52 @@ class FakeKernel:
         if cmd in self.errors:
             self.send(ack_msg(buf, self.errors[cmd]))
             return
+        if cmd == Cmd.REGISTER:
+            self.registered = True
+        if cmd == Cmd.UNREGISTER:
+            self.registered = False
         if cmd == Cmd.SET_FILTER:
             self.filters.append(parse_filter(attrs))
         if cmd == Cmd.GET_STATS:
             self.send(stats_msg(seq, self.stats))
+        if cmd == Cmd.LIST_CONTEXTS:
+            self._list_contexts(seq, attrs)
+        if cmd == Cmd.SCHEDULE:
+            err, message = self._schedule(seq, attrs)
+            if err:
+                self.send(ack_msg(buf, err, message))
+                return
         self.send(ack_msg(buf))
+
+    def _list_contexts(self, seq: int, attrs: dict[int, bytes]) -> None:
+        (cursor,) = struct.unpack("=Q", attrs.get(Attr.CURSOR, bytes(8)))
+        self.cursors.append(cursor)
+        live = sorted((c for c in self.contexts if c.ctx_id >= cursor), key=lambda c: c.ctx_id)
+        page, rest = live[: self.list_page], live[self.list_page :]
+        self.send(contexts_msg(seq, page, rest[0].ctx_id if rest else 0))
+
+    def _schedule(self, seq: int, attrs: dict[int, bytes]) -> tuple[int, str | None]:
+        """As the module: registered port only, 1..SCHED_MAX well-formed entries."""
+        if not self.registered:
+            return errno.EPERM, "vgpu: SCHEDULE is for the registered daemon only"
+        raw = attrs.get(Attr.SCHED, b"")
+        size = uapi.SCHED.size
+        if not raw or len(raw) % size or len(raw) // size > uapi.SCHED_MAX:
+            return errno.EINVAL, "vgpu: SCHED must hold 1 to VGPU_SCHED_MAX struct vgpu_sched"
+        fields = list(uapi.SCHED.struct.iter_unpack(raw))
+        if any(reserved or enable > 1 for _c, _h, _o, enable, reserved in fields):
+            return errno.EINVAL, "vgpu: bad SCHED entry"
+        entries = [uapi.Sched(c, h, o, bool(e)) for c, h, o, e, _r in fields]
+        self.schedules.append(entries)
+        nodes = {c.ctx_id: c.node for c in self.contexts}
+        results = []
+        for e in entries:
+            node = nodes.get(e.ctx_id)
+            if node is None:
+                results.append(uapi.SchedResult(-errno.ENOENT, 0))
+            elif node != uapi.Node.CTL:
+                results.append(uapi.SchedResult(-errno.EINVAL, 0))
+            else:
+                results.append(uapi.SchedResult(0, self.statuses.get((e.h_client, e.h_object), 0)))
+        self.send(sched_results_msg(seq, results))
+        return 0, None

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -30,7 +31,7 @@ from pyroute2.netlink.generic import GenericNetlinkSocket
 
 from vgpud.kernel import codec, uapi
 from vgpud.kernel.codec import CloseEvent, DecodeError, Event, NlAck, PostEvent, Reply, Upcall
-from vgpud.kernel.uapi import Filter, Stats, Verdict
+from vgpud.kernel.uapi import Context, Filter, Sched, SchedResult, Stats, Verdict
 
 __all__ = [
     "AlreadyRegistered",
@@ -42,6 +43,7 @@ __all__ = [
     "ProtocolMismatch",
     "RequestFailed",
     "UpcallHandler",
+    "query_module_contexts",
     "query_module_stats",
     "resolve_family",
 ]
@@ -225,6 +227,49 @@ class GenlChannel:
                 return codec.decode_stats(reply)
         raise ChannelError("GET_STATS got no VGPU_A_STATS reply")
 
+    async def list_contexts(self) -> list[Context]:
+        """Every live context, in ctx_id order, following the module's cursor.
+
+        Pages are read one after another, not atomically: a context opened or
+        closed meanwhile may or may not be listed.
+        """
+        contexts: list[Context] = []
+        cursor = 0
+        while True:
+            replies = await self._request("list contexts", functools.partial(
+                codec.encode_list_contexts, self._family_id, cursor=cursor))
+            page, cursor = codec.decode_contexts(self._reply(replies, uapi.Cmd.LIST_CONTEXTS))
+            contexts += page
+            if not cursor:
+                return contexts
+
+    async def schedule(self, entries: Sequence[Sched]) -> list[SchedResult]:
+        """Turn channel groups on/off, in order; one result per entry, same order.
+
+        Above SCHED_MAX entries go out as several requests, in order. A refused
+        request raises RequestFailed, EPERM included (this channel is not the
+        registered daemon); the requests before it have been applied.
+        """
+        results: list[SchedResult] = []
+        for start in range(0, len(entries), uapi.SCHED_MAX):
+            chunk = entries[start : start + uapi.SCHED_MAX]
+            try:
+                replies = await self._request("schedule", functools.partial(
+                    codec.encode_schedule, self._family_id, entries=chunk))
+            except NotPermitted as exc:
+                raise RequestFailed("schedule", errno.EPERM,
+                                    str(exc).removeprefix("schedule: ")) from None
+            results += codec.decode_sched_results(
+                self._reply(replies, uapi.Cmd.SCHEDULE), len(chunk))
+        return results
+
+    @staticmethod
+    def _reply(replies: list[Reply], cmd: uapi.Cmd) -> Reply:
+        for reply in replies:
+            if reply.cmd == cmd:
+                return reply
+        raise ChannelError(f"{cmd.name} got no reply")
+
     async def unregister(self) -> None:
         await self._request("unregister", lambda seq: codec.encode_unregister(
             self._family_id, seq))
@@ -354,6 +399,15 @@ async def query_module_stats() -> Stats:
     channel = await GenlChannel.open()
     try:
         return await channel.get_stats()
+    finally:
+        channel.close()
+
+
+async def query_module_contexts() -> list[Context]:
+    """The module's live contexts on a channel of their own (vgpuctl, tests)."""
+    channel = await GenlChannel.open()
+    try:
+        return await channel.list_contexts()
     finally:
         channel.close()
 

@@ -16,12 +16,24 @@ from __future__ import annotations
 
 import struct
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from vgpud.kernel import uapi
 from vgpud.kernel.cstruct import DecodeError
-from vgpud.kernel.uapi import Attr, Cmd, EventKind, Filter, Node, Stats, UpcallKind, Verdict
+from vgpud.kernel.uapi import (
+    Attr,
+    Cmd,
+    Context,
+    EventKind,
+    Filter,
+    Node,
+    Sched,
+    SchedResult,
+    Stats,
+    UpcallKind,
+    Verdict,
+)
 
 __all__ = [
     "CloseEvent",
@@ -34,11 +46,15 @@ __all__ = [
     "Reply",
     "Upcall",
     "VerdictEncoder",
+    "decode_contexts",
     "decode_datagram",
+    "decode_sched_results",
     "decode_stats",
     "encode_get_stats",
+    "encode_list_contexts",
     "encode_register",
     "encode_request",
+    "encode_schedule",
     "encode_set_filter",
     "encode_unregister",
 ]
@@ -430,6 +446,37 @@ def decode_stats(reply: Reply) -> Stats:
     return Stats.unpack(raw)
 
 
+def decode_contexts(reply: Reply) -> tuple[list[Context], int]:
+    """The contexts of one LIST_CONTEXTS reply and the cursor to ask for next (0: done)."""
+    raw, cursor = reply.attrs.get(Attr.CONTEXTS), reply.attrs.get(Attr.CURSOR)
+    if reply.cmd != Cmd.LIST_CONTEXTS or raw is None or cursor is None:
+        raise DecodeError("not a LIST_CONTEXTS reply with VGPU_A_CONTEXTS and VGPU_A_CURSOR")
+    size = uapi.CONTEXT.size
+    if len(raw) % size or len(raw) // size > uapi.LIST_MAX or len(cursor) != _U64.size:
+        raise DecodeError(f"LIST_CONTEXTS reply of {len(raw)} context bytes, "
+                          f"cursor of {len(cursor)}")
+    try:
+        contexts = [Context.unpack(raw[i : i + size]) for i in range(0, len(raw), size)]
+    except ValueError as exc:  # an unknown node kind
+        raise DecodeError(f"bad context: {exc}") from None
+    (after,) = _U64.unpack(cursor)
+    ids = [c.ctx_id for c in contexts]
+    if ids != sorted(set(ids)) or (after and (not ids or after <= ids[-1])):
+        raise DecodeError("LIST_CONTEXTS reply out of ctx_id order")
+    return contexts, after
+
+
+def decode_sched_results(reply: Reply, count: int) -> list[SchedResult]:
+    """The SCHED_RESULT of a SCHEDULE reply to ``count`` entries."""
+    raw = reply.attrs.get(Attr.SCHED_RESULT)
+    if reply.cmd != Cmd.SCHEDULE or raw is None:
+        raise DecodeError("not a SCHEDULE reply with VGPU_A_SCHED_RESULT")
+    size = uapi.SCHED_RESULT.size
+    if len(raw) != count * size:
+        raise DecodeError(f"SCHED_RESULT of {len(raw)} bytes for {count} entries")
+    return [SchedResult.unpack(raw[i : i + size]) for i in range(0, len(raw), size)]
+
+
 def _attr(kind: int, payload: bytes) -> bytes:
     head = NLA_HDR.pack(NLA_HDR.size + len(payload), kind)
     return head + payload + b"\0" * (_align(len(payload)) - len(payload))
@@ -462,6 +509,20 @@ def encode_get_stats(family_id: int, seq: int) -> bytes:
 
 def encode_unregister(family_id: int, seq: int) -> bytes:
     return encode_request(family_id, Cmd.UNREGISTER, seq)
+
+
+def encode_list_contexts(family_id: int, seq: int, cursor: int = 0) -> bytes:
+    """LIST_CONTEXTS from ctx id ``cursor`` on."""
+    return encode_request(family_id, Cmd.LIST_CONTEXTS, seq, [(Attr.CURSOR, _U64.pack(cursor))])
+
+
+def encode_schedule(family_id: int, seq: int, entries: Sequence[Sched]) -> bytes:
+    """SCHEDULE with 1..SCHED_MAX entries, applied by the module in this order."""
+    if not 0 < len(entries) <= uapi.SCHED_MAX:
+        raise ValueError(f"a SCHEDULE request holds 1 to {uapi.SCHED_MAX} entries, "
+                         f"not {len(entries)}")
+    return encode_request(family_id, Cmd.SCHEDULE, seq,
+                          [(Attr.SCHED, b"".join(entry.pack() for entry in entries))])
 
 
 class VerdictEncoder:
