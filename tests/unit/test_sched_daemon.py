@@ -4,11 +4,13 @@ kernel's upcalls and events, switched through the channel, all back on at stop."
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
 from fakekernel import post_event_msg, upcall_msg
 from test_daemon import World as _World
 from test_daemon_quota import inventory, write_config
@@ -60,7 +62,9 @@ class World(_World):
         await self.alloc(ctx, uid, client, 0xD0, 0xA06C, 0x600D)
 
 
-def test_daemon_switches_groups_and_restores_them(tmp_path: Path) -> None:
+def test_daemon_switches_groups_and_restores_them(tmp_path: Path,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
     world = World(tmp_path)
     assert isinstance(world.policy, SchedPolicy)
     scheduler = world.admin.scheduler
@@ -91,3 +95,5 @@ def test_daemon_switches_groups_and_restores_them(tmp_path: Path) -> None:
 
     asyncio.run(asyncio.wait_for(main(), 20))
     world.close()
+    (stats,) = [m for m in caplog.messages if m.startswith("scheduler stats")]
+    assert "'failed': 0" in stats and "'errors': 0" in stats

@@ -16,7 +16,7 @@ from vgpud.core.ledger import Ledger
 from vgpud.kernel.uapi import Sched, SchedResult
 from vgpud.manager import Manager
 from vgpud.sched.activity import Activity
-from vgpud.sched.actuator import ModuleActuator
+from vgpud.sched.actuator import ActuatorStats, ModuleActuator
 from vgpud.sched.groups import Group, GroupTracker
 from vgpud.sched.service import SchedulerService, target_shares
 from vgpud.state import RuntimeState
@@ -91,6 +91,7 @@ class Recorder:
     """The actuator: records each call with the virtual time it was made at."""
 
     def __init__(self, clock: Clock) -> None:
+        self.stats = ActuatorStats()
         self.clock = clock
         self.calls: list[tuple[int, list[Sched]]] = []
         self.on: dict[tuple[int, int], bool] = {}  # as the driver has them

@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import logging
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -46,12 +47,6 @@ class ScheduleChannel(Protocol):
     async def schedule(self, entries: Sequence[Sched]) -> list[SchedResult]: ...
 
 
-class Actuator(Protocol):
-    async def apply(self, entries: Sequence[Sched]) -> None:
-        """Apply ``entries`` in order; failures are counted and logged, never raised."""
-        ...
-
-
 @dataclass(slots=True)
 class ActuatorStats:
     calls: int = 0
@@ -59,16 +54,28 @@ class ActuatorStats:
     failed: int = 0  # entries the driver or the module refused
     gone: int = 0  # entries whose context or group had just gone (closes racing switches)
     errors: int = 0  # calls that got no answer (channel closed, timeout)
-    latency_ns: list[int] = field(default_factory=list)  # per call, send to reply
+    latency_ns: deque[int] = field(default_factory=lambda: deque(maxlen=100_000))
+    # the latest calls' send-to-reply times
+
+    def counts(self) -> dict[str, int]:
+        return {"calls": self.calls, "entries": self.entries, "failed": self.failed,
+                "gone": self.gone, "errors": self.errors}
+
+
+class Actuator(Protocol):
+    stats: ActuatorStats
+
+    async def apply(self, entries: Sequence[Sched]) -> None:
+        """Apply ``entries`` in order; failures are counted and logged, never raised."""
+        ...
 
 
 class ModuleActuator:
     """Entries go to the module in calls of at most SCHED_MAX."""
 
-    def __init__(self, channel: ScheduleChannel, *, keep_latencies: int = 100_000) -> None:
+    def __init__(self, channel: ScheduleChannel) -> None:
         self.channel = channel
         self.stats = ActuatorStats()
-        self._keep = keep_latencies
         self._last_warning = 0.0
 
     async def apply(self, entries: Sequence[Sched]) -> None:
@@ -84,8 +91,7 @@ class ModuleActuator:
                 stats.errors += 1
                 self._warn("schedule of %d entries failed: %s", len(chunk), exc)
                 continue
-            if len(stats.latency_ns) < self._keep:
-                stats.latency_ns.append(time.monotonic_ns() - t0)
+            stats.latency_ns.append(time.monotonic_ns() - t0)
             self._check(chunk, results)
 
     def _check(self, chunk: Sequence[Sched], results: Sequence[SchedResult]) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -65,7 +66,7 @@ log = logging.getLogger(__name__)
 MIN_SLOT_US = 2_048  # two default TSG time slices
 SHARE_INTERVAL = 1.0  # seconds between share updates
 STOP_TIMEOUT = 2.0
-KEEP_SAMPLES = 100_000  # latency samples kept for the stats
+KEEP_SAMPLES = 100_000  # the latest latency samples kept for the stats
 _SCHED_FIELDS = frozenset({"weight", "cap", "priority"})
 
 
@@ -88,8 +89,9 @@ class SchedStats:
     entries: int = 0
     rejected: int = 0  # events the core refused (logged)
     polls: int = 0
-    latency_ns: list[int] = field(default_factory=list)  # decision -> call answered
-    lateness_ns: list[int] = field(default_factory=list)  # deadline -> timer ran
+    latency_ns: deque[int] = field(default_factory=lambda: deque(maxlen=KEEP_SAMPLES))
+    lateness_ns: deque[int] = field(default_factory=lambda: deque(maxlen=KEEP_SAMPLES))
+    # latency: decision -> call answered; lateness: deadline -> timer ran
 
     def summary(self) -> dict[str, object]:
         return {"switches": self.switches, "entries": self.entries, "rejected": self.rejected,
@@ -192,7 +194,8 @@ class SchedulerService:
                     await actuator.apply(entries)
         except TimeoutError:
             log.warning("scheduler: groups not all switched back on at stop")
-        log.info("scheduler stats %s", self.stats.summary())
+        log.info("scheduler stats %s", {**self.stats.summary(),
+                                         "actuator": actuator.stats.counts()})
 
     # --- reading (the admin API) ---
 
@@ -336,8 +339,7 @@ class SchedulerService:
         if now < deadline:  # the loop's timers are coarse (uvloop: 1 ms): not yet
             self._arm(gpu, now)
             return
-        if len(self.stats.lateness_ns) < KEEP_SAMPLES:
-            self.stats.lateness_ns.append((now - deadline) * 1000)
+        self.stats.lateness_ns.append((now - deadline) * 1000)
         self._handle(gpu, Tick())
 
     def _arm(self, gpu: _Gpu, now: int) -> None:
@@ -382,8 +384,7 @@ class SchedulerService:
         if actuator is None:
             return
         await actuator.apply(entries)
-        if len(self.stats.latency_ns) < KEEP_SAMPLES:
-            self.stats.latency_ns.append(self._clock() - decided)
+        self.stats.latency_ns.append(self._clock() - decided)
 
     # --- activity and shares ---
 
