@@ -338,12 +338,18 @@ def test_shares_published_once_per_change(tmp_path: Path) -> None:
     run(main())
 
 
-def test_weight_change_applies_at_the_next_frame(w: World) -> None:
+@pytest.mark.parametrize("how", ["dbus", "reload"])
+def test_weight_change_applies_at_the_next_frame(w: World, how: str) -> None:
     async def main() -> None:
         w.service.start(w.actuator)
         ga, gb = w.group("a"), w.group("b")
         await w.timers.run_until(w.clock.now + 1_000 * MS)
-        w.manager.update_tenant("b", {"weight": 150})  # a 50 : b 150
+        if how == "dbus":  # what SetWeight does
+            w.manager.update_tenant("b", {"weight": 150})  # a 50 : b 150
+        else:
+            path = w.manager.config_path
+            path.write_text(path.read_text().replace("weight = 30", "weight = 150"))
+            w.manager.reload()
         frame_end = w.service._gpus[0].core.frame_end_us
         assert frame_end is not None
         start = w.service._t0 + frame_end * 1000  # from the next frame boundary on
