@@ -1,14 +1,16 @@
 """A tenant's GPU workload, as a process of its own (demo and VM tests).
 
     python tests/tenant_workload.py NODEDIR alloc SIZE COUNT [--hold]
-    python tests/tenant_workload.py NODEDIR fbinfo
+    python tests/tenant_workload.py NODEDIR fbinfo | fbinfo1 | heapinfo
 
 `alloc` opens the node directory's nvidiactl, builds a client/device/subdevice
 tree on GPU 0 and allocates COUNT blocks of SIZE (MiB units: 256MiB) of local
 video memory, printing one JSON line per allocation ({"i", "errno",
 "status"}); with --hold it then prints "holding" and waits for a line on
 stdin before closing. `fbinfo` prints the FB_GET_INFO_V2 figures the tenant
-sees (KiB). An open refused by the daemon prints {"open_errno": N}.
+sees (KiB), `fbinfo1` the same through the legacy FB_GET_INFO (its list in
+our memory), `heapinfo` RM_VID_HEAP_CONTROL INFO's total, free and largest
+free block (bytes). An open refused by the daemon prints {"open_errno": N}.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ def main() -> None:
     alloc.add_argument("size", type=mib)
     alloc.add_argument("count", type=int)
     alloc.add_argument("--hold", action="store_true")
-    sub.add_parser("fbinfo")
+    for what in ("fbinfo", "fbinfo1", "heapinfo"):
+        sub.add_parser(what)
     args = ap.parse_args()
 
     try:
@@ -50,11 +53,16 @@ def main() -> None:
         print(json.dumps({"open_errno": exc.errno}), flush=True)
         return
     tree = nv.build_tree(ctl)
-    if args.what == "fbinfo":
-        e, st, vals = nv.fb_get_info_v2(ctl, tree.client, tree.subdevice,
-                                        list(FB_INDICES.values()))
+    if args.what in ("fbinfo", "fbinfo1"):
+        query = nv.fb_get_info_v2 if args.what == "fbinfo" else nv.fb_get_info
+        e, st, vals = query(ctl, tree.client, tree.subdevice, list(FB_INDICES.values()))
         print(json.dumps({"errno": e, "status": st,
                           **{k: vals[i] for k, i in FB_INDICES.items()}}), flush=True)
+        return
+    if args.what == "heapinfo":
+        e, st, head, data = nv.vid_heap(ctl, tree.client, tree.device, nv.NVOS32_FUNCTION_INFO)
+        _attr, _offset, largest, _base = nv.NVOS32_INFO.unpack_from(data)
+        print(json.dumps({"errno": e, "status": st, **head, "largest": largest}), flush=True)
         return
     for i in range(args.count):
         r = nv.alloc_memory(ctl, tree.client, tree.device, args.size)

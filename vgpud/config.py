@@ -7,6 +7,7 @@
     upcall_timeout_ms = 1000
     frame_ms = 100                 # TDMA frame length
     state_path = "/var/lib/vgpud/state.json"
+    charges_path = "/run/vgpud/charges"   # charge journal (a tmpfs: kept across restarts)
 
     [[tenant]]
     name = "alice"
@@ -35,6 +36,7 @@ from vgpud.core.tenants import Tenant, TenantName
 
 DEFAULT_CONFIG_PATH = Path("/etc/vgpud/vgpud.toml")
 DEFAULT_STATE_PATH = Path("/var/lib/vgpud/state.json")
+DEFAULT_CHARGES_PATH = Path("/run/vgpud/charges")
 
 
 class ConfigError(Exception):
@@ -60,6 +62,7 @@ class DaemonSettings(BaseModel):
     upcall_timeout_ms: _Ms = 1000
     frame_ms: _Ms = 100
     state_path: Path = DEFAULT_STATE_PATH
+    charges_path: Path = DEFAULT_CHARGES_PATH
 
 
 class Config(BaseModel):

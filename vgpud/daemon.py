@@ -11,8 +11,10 @@ state, takes the GPU inventory (vgpud.inventory), builds the Manager over a
 Ledger, and serves the admin API org.vgpud1 on the system bus
 ($DBUS_SYSTEM_BUS_ADDRESS honoured); an unreachable bus is a warning unless
 ``--require-dbus``. SIGHUP reloads the config (a bad file keeps the last good
-one). A daemon restarted while files were open learns their contexts lazily
-from upcall headers; memory they allocated before the restart is not charged.
+one). The ledger's charges are journaled (vgpud.journal, daemon.charges_path):
+a restarted daemon replays them, then asks the module which contexts are
+still open and drops the charges of the others. Contexts it has no record of
+are learned lazily from upcall headers.
 
 Exit status: 0 after a graceful stop, 1 after a forced one, 69 (EX_UNAVAILABLE)
 when the module is missing or refuses the registration (or the bus, with
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
     from dbus_fast.aio import MessageBus
 
     from vgpud.admin.dbus import AdminService
+    from vgpud.journal import ChargeJournal
     from vgpud.manager import Manager
     from vgpud.sched.service import SchedulerService
 
@@ -242,13 +245,32 @@ class Admin:
     "require" (--require-dbus: the daemon does not start without it).
     """
 
-    def __init__(self, manager: Manager, dbus: str = "try",
+    def __init__(self, manager: Manager, dbus: str = "try", *,
+                 journal: ChargeJournal | None = None,
+                 reconcile: Callable[[list[uapi.Context]], None] | None = None,
                  scheduler: SchedulerService | None = None) -> None:
+        """``journal``: the charge journal (closed with the admin side);
+        ``reconcile``: told the live contexts after registration, when charges
+        of contexts were restored from it; ``scheduler``: the TDMA scheduler."""
         self.manager = manager
         self.dbus = dbus
         self.scheduler = scheduler
         self.service: AdminService | None = None
         self._bus: MessageBus | None = None
+        self._journal = journal
+        self._reconcile = reconcile
+
+    async def attach(self, channel: GenlChannel) -> None:
+        """Registered: drop the restored charges of contexts closed meanwhile."""
+        if self._reconcile is None:
+            return
+        try:
+            live = await channel.list_contexts()
+        except (ChannelError, DecodeError) as exc:
+            log.warning("cannot list the live contexts (%s): every restored charge is kept "
+                        "until its context closes", exc)
+            return
+        self._reconcile(live)
 
     async def start(self) -> None:
         if self.dbus == "off":
@@ -304,6 +326,9 @@ class Admin:
         if self._bus is not None:
             self._bus.disconnect()
             self._bus = None
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
 
 
 class Daemon:
@@ -385,6 +410,8 @@ class Daemon:
         try:
             await channel.register()
             await channel.set_filter(self.filter)
+            if self.admin is not None:
+                await self.admin.attach(channel)
         except BaseException:
             channel.close()
             raise
@@ -472,12 +499,14 @@ class StartupError(Exception):
 
 
 def build_quota(config_path: Path, dbus: str, inventory=None) -> tuple[Policy, Admin]:
-    """Config, state, inventory, Manager, Ledger, QuotaPolicy and the TDMA scheduler
-    over it (vgpud.sched); StartupError on bad files."""
+    """Config, state, inventory, Manager, Ledger (with the charges of the journal),
+    QuotaPolicy and the TDMA scheduler over it (vgpud.sched); StartupError on bad files."""
     from vgpud import inventory as inv
     from vgpud.config import ConfigError, load_config
     from vgpud.core.ledger import Ledger
+    from vgpud.journal import ChargeJournal
     from vgpud.manager import Manager
+    from vgpud.procmem import ProcessMemory
     from vgpud.quota import QuotaPolicy
     from vgpud.state import StateError, load_state
 
@@ -492,11 +521,15 @@ def build_quota(config_path: Path, dbus: str, inventory=None) -> tuple[Policy, A
     ledger = Ledger()
     manager = Manager(config_path, config, state, ledger, gpus)
     log.info("config %s: %d tenants, %d GPUs", config_path, len(manager.tenants), len(gpus))
+    journal = ChargeJournal.resume(config.daemon.charges_path, ledger)
+    quota = QuotaPolicy(manager, ledger, cgroup_path=cgroup_path_by_id(),
+                        memory=ProcessMemory())
+    reconcile = quota.reconcile if quota.restored else None
     from vgpud.sched.service import build as build_scheduling
 
-    policy, scheduler = build_scheduling(
-        manager, QuotaPolicy(manager, ledger, cgroup_path=cgroup_path_by_id()))
-    return policy, Admin(manager, dbus, scheduler)
+    policy, scheduler = build_scheduling(manager, quota)
+    return policy, Admin(manager, dbus, journal=journal, reconcile=reconcile,
+                         scheduler=scheduler)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

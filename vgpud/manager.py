@@ -109,7 +109,6 @@ class Manager:
         self._config = config
         self._state = state
         self._tenants = state.tenants(config.tenants)
-        self._contexts: dict[int, str] = {}  # ctx -> tenant
         self._sync_ledger(())
 
     # --- reading ---
@@ -151,7 +150,8 @@ class Manager:
         return tuple(self._ledger.usage(name, gpu.index) for gpu in self.gpus)
 
     def contexts(self, name: str) -> int:
-        return sum(1 for tenant in self._contexts.values() if tenant == name)
+        """Open contexts of the tenant (those restored from the charge journal too)."""
+        return sum(1 for tenant in self._ledger.contexts().values() if tenant == name)
 
     def pids(self, name: str) -> tuple[int, ...]:
         """Process ids bound to the tenant: its config pids and runtime bindings."""
@@ -223,13 +223,12 @@ class Manager:
     def open_context(self, ctx: int, tenant: str) -> None:
         """A node was opened by a process resolved to `tenant` (Ledger.open)."""
         self._ledger.open(ctx, tenant)
-        self._contexts[ctx] = tenant
         self._notify(tenant, {CONTEXTS})
 
     def close_context(self, ctx: int) -> Freed:
         """The file was closed (Ledger.close): its memory goes back."""
+        tenant = self._ledger.tenant_of(ctx)
         freed = self._ledger.close(ctx)
-        tenant = self._contexts.pop(ctx)
         self._notify(tenant, {CONTEXTS, USAGE})
         return freed
 

@@ -24,7 +24,8 @@ How each call is handled (the filter below selects exactly these):
 - RM_ALLOC of root clients (0x41), devices (0x80) and subdevices (0x2080):
   tracked on their POST event as uncharged objects of the tree, so that a
   free of an ancestor (or of the client) cascades; a device records its GPU
-  (NV0080_ALLOC_PARAMETERS.deviceId), a subdevice inherits its device's.
+  in the ledger (NV0080_ALLOC_PARAMETERS.deviceId), a subdevice inherits its
+  device's.
 - The GPU of an allocation is its parent's (device or subdevice); when the
   parent is unknown (not seen since the daemon started): the node's minor on
   a GPU node, else the tenant's first allowed GPU of the inventory.
@@ -37,25 +38,38 @@ How each call is handled (the filter below selects exactly these):
   handle is ignored: it was never charged or tracked). RM_DUP_OBJECT of a
   known object, on POST success, makes a second handle to the same charge.
 - FB_GET_INFO_V2 (control 0x20801303, its params are the rule's buffer) of a
-  tenant with a memory limit: ALLOW with F_POST; the POST upcall rewrites
-  RAM_SIZE, TOTAL_RAM_SIZE, HEAP_SIZE and USABLE_RAM_SIZE to the limit and
-  HEAP_FREE to limit - usage (KiB, floor 0), and answers REPLY with the
-  rewritten buffer (VGPU_A_DATA). FB_GET_INFO (0x20801301) is not selected:
-  its list sits behind a pointer inside the control params, two levels from
-  the ioctl params, out of reach of a module rule.
+  tenant with a memory limit, on a subdevice whose GPU is known: ALLOW with
+  F_POST; the POST upcall rewrites RAM_SIZE, TOTAL_RAM_SIZE, HEAP_SIZE and
+  USABLE_RAM_SIZE to the limit and HEAP_FREE to limit - usage (KiB, floor 0),
+  and answers REPLY with the rewritten buffer (VGPU_A_DATA).
+- FB_GET_INFO (0x20801301): the same figures, but its list sits behind a
+  pointer inside the control params, two levels from the ioctl params, out of
+  reach of the module. At the POST upcall, while the caller is blocked on it,
+  the list (at most 128 entries) is read from the caller's memory
+  (``memory``: process_vm_readv on the caller's tgid), rewritten by the same
+  code and written back; ALLOW. A caller gone, a bad pointer or no right to
+  its memory leave the driver's answer (logged).
+- RM_VID_HEAP_CONTROL INFO: ALLOW with F_POST as above; the POST upcall
+  REPLYs with params whose total is the limit and free is limit - usage, in
+  bytes rounded down to KiB as the driver's are, and whose largest free block
+  is no larger than that free.
 - MMAP of nvidia-uvm (VGPU_FILTER_UVM_MMAP), by the tenant's `uvm`: deny ->
   DENY(ENOMEM); allow -> ALLOW; count -> the mapping's length (rounded to
   4 KiB) is charged at once, on the tenant's first allowed GPU of the
   inventory (managed memory has no GPU of its own), until the file closes
   (munmap is not visible to the module).
 
-A daemon restarted while files were open learns their contexts lazily, from
-the opener identity in the first upcall header it sees for them: the header
-has no cgroup path, so the path is looked up by cgroup id through the
+A restarted daemon gets the ledger replayed from the charge journal
+(vgpud.journal): contexts, objects and charges of before, which this policy
+takes over (``restored``); ``reconcile`` then closes those the module no
+longer lists. A context without a record (the journal was lost) is learned
+lazily, from the opener identity in the first upcall header seen for it: the
+header has no cgroup path, so the path is looked up by cgroup id through the
 ``cgroup_path`` callable when one is given (else cgroup rules see an empty
 path, and only uid/pid bindings and the default tenant can match). Memory
-allocated before the restart is not known: it is not charged, and frees of
-it are ignored, until those files are closed.
+such a context allocated before the restart is not known: it is not charged,
+and frees of it are ignored. Calls in flight while no daemon ran (their POST
+events were lost) are not known either.
 """
 
 from __future__ import annotations
@@ -63,11 +77,20 @@ from __future__ import annotations
 import errno
 import logging
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from contextlib import suppress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from vgpud.core.ledger import CHARGED_CLASSES, Denied, Key, Ledger, LedgerError, Reservation
+from vgpud.core.ledger import (
+    CHARGED_CLASSES,
+    Denied,
+    Key,
+    Ledger,
+    LedgerError,
+    Reservation,
+    Usage,
+)
 from vgpud.core.tenants import Opener, Tenant, UvmPolicy, resolve
 from vgpud.kernel.codec import CloseEvent, Event, PostEvent, Upcall
 from vgpud.kernel.uapi import (
@@ -77,6 +100,7 @@ from vgpud.kernel.uapi import (
     FILTER_UVM_MMAP,
     UPCALL_F_DATA_BIG,
     UPCALL_F_DATA_FAULT,
+    Context,
     Filter,
     MmapParams,
     Node,
@@ -85,6 +109,7 @@ from vgpud.kernel.uapi import (
 )
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import (
+    FB_INFO_MAX_LIST_SIZE,
     NVOS32_ALLOC_FLAGS_VIRTUAL,
     Ctrl,
     Escape,
@@ -102,7 +127,9 @@ from vgpud.nvidia.layouts import (
     RmDupObject,
     RmFree,
     VidHeapControl,
+    rewrite_fb_info,
     rewrite_fb_info_v2,
+    rewrite_vid_heap_info,
 )
 from vgpud.nvidia.rules import (
     rm_alloc_classes,
@@ -117,7 +144,7 @@ if TYPE_CHECKING:
     from vgpud.manager import Manager
     from vgpud.policy import Request
 
-__all__ = ["PAGE_SIZE", "QuotaPolicy"]
+__all__ = ["PAGE_SIZE", "CallerMemory", "QuotaPolicy"]
 
 log = logging.getLogger(__name__)
 
@@ -185,12 +212,31 @@ class _Dup:
 
 @dataclass(slots=True)
 class _FbView:
+    """FB_GET_INFO(_V2): rewrite the sizes the driver reports."""
+
     ctx: int
     tenant: str
     gpu: int
 
 
-_Pending = _Charge | _Track | _Free | _Dup | _FbView
+@dataclass(slots=True)
+class _HeapInfo:
+    """VID_HEAP_CONTROL INFO: rewrite total and free."""
+
+    ctx: int
+    tenant: str
+    gpu: int
+
+
+_Pending = _Charge | _Track | _Free | _Dup | _FbView | _HeapInfo
+
+
+class CallerMemory(Protocol):
+    """Access to a blocked caller's memory (vgpud.procmem.ProcessMemory)."""
+
+    def read(self, pid: int, address: int, size: int) -> bytes: ...
+
+    def write(self, pid: int, address: int, data: bytes) -> None: ...
 
 
 class QuotaPolicy:
@@ -202,12 +248,18 @@ class QuotaPolicy:
         ledger: Ledger,
         *,
         cgroup_path: Callable[[int], str | None] | None = None,
+        memory: CallerMemory | None = None,
     ) -> None:
+        """``memory``: reads and writes a blocked caller's memory (the FB_GET_INFO
+        list); without it FB_GET_INFO keeps the driver's answer."""
         self.manager = manager
         self.ledger = ledger
         self._cgroup_path = cgroup_path
-        self._contexts: dict[int, str | None] = {}  # ctx -> tenant (None: refused)
-        self._gpu_of: dict[Key, int] = {}  # device / subdevice -> GPU index
+        self._memory = memory
+        # ctx -> tenant (None: refused); contexts already in the ledger were
+        # restored from the charge journal.
+        self._contexts: dict[int, str | None] = dict(ledger.contexts())
+        self.restored = frozenset(self._contexts)
         self._pending: dict[int, _Pending] = {}  # upcall id -> what its POST completes
         self._tenants_seen: tuple[Tenant, ...] | None = None
         self._by_name: dict[str, Tenant] = {}
@@ -227,8 +279,9 @@ class QuotaPolicy:
                 rm_alloc_memory_classes(charged, post=True),
                 rm_vid_heap_functions([VidHeapFunction.ALLOC_SIZE, VidHeapFunction.FREE],
                                       post=True),
-                # Its results come back in a POST upcall (F_POST), not an event.
-                rm_control_cmds([Ctrl.FB_GET_INFO_V2]),
+                # Their results come back in a POST upcall (F_POST), not an event.
+                rm_vid_heap_functions([VidHeapFunction.INFO]),
+                rm_control_cmds([Ctrl.FB_GET_INFO_V2, Ctrl.FB_GET_INFO]),
             ),
         )
 
@@ -265,10 +318,23 @@ class QuotaPolicy:
         pending = self._pending.pop(upcall.id, None)
         if pending is None:
             return ALLOW
-        if type(pending) is _FbView:
+        kind = type(pending)
+        if kind is _FbView:
             return self._fb_view(upcall, pending)  # type: ignore[arg-type]
+        if kind is _HeapInfo:
+            return self._heap_info(upcall, pending)  # type: ignore[arg-type]
         self._complete(pending, upcall.nr, upcall.ret, upcall.params)
         return ALLOW
+
+    def reconcile(self, live: Iterable[Context]) -> None:
+        """After a restart: contexts restored from the charge journal that the
+        module no longer lists were closed while no daemon ran; their charges go."""
+        alive = {c.ctx_id for c in live}
+        gone = [ctx for ctx in sorted(self.restored - alive) if ctx in self._contexts]
+        for ctx in gone:
+            self._close(ctx)
+        log.info("restored contexts: %d live, %d closed while the daemon was down",
+                 len(self.restored) - len(gone), len(gone))
 
     def on_event(self, event: Event) -> None:
         if type(event) is PostEvent:
@@ -337,11 +403,8 @@ class QuotaPolicy:
             del self._pending[upcall_id]
         if name is _MISSING or name is None:
             return
-        try:
-            freed = self.manager.close_context(ctx)
-        except (LedgerError, KeyError):
-            return
-        self._forget(freed.keys)
+        with suppress(LedgerError):
+            self.manager.close_context(ctx)
 
     def _tenant(self, name: str) -> Tenant | None:
         tenants = self.manager.tenants
@@ -389,6 +452,8 @@ class QuotaPolicy:
     def _vid_heap(self, upcall: Upcall, tenant: str, call: VidHeapControl) -> Verdict:
         if call.function == VidHeapFunction.FREE:
             return self._rm_free(upcall, RmFree(call.h_root, call.h_parent, call.h_memory, 0))
+        if call.function == VidHeapFunction.INFO:
+            return self._view(upcall, tenant, Key(call.h_root, call.h_parent), _HeapInfo)
         alloc = call.alloc
         if alloc is None or alloc.flags & NVOS32_ALLOC_FLAGS_VIRTUAL:
             return ALLOW
@@ -417,7 +482,7 @@ class QuotaPolicy:
         return ALLOW
 
     def _gpu_for(self, parent: Key, tenant: str, upcall: Upcall) -> int:
-        gpu = self._gpu_of.get(parent)
+        gpu = self.ledger.gpu_of(parent)
         if gpu is not None:
             return gpu
         if upcall.node is Node.GPU:
@@ -476,7 +541,6 @@ class QuotaPolicy:
             return
         if kind is _Free:
             freed = ledger.free(pending.key)  # type: ignore[union-attr]
-            self._forget(freed.keys)
             for tenant in {r.tenant for r in freed.released}:
                 self.manager.usage_changed(tenant)
         elif kind is _Track:
@@ -488,57 +552,94 @@ class QuotaPolicy:
             p: _Dup = pending  # type: ignore[assignment]
             key, parent = Key(p.client, handle), Key(p.client, p.parent)
             ledger.dup(p.ctx, key, p.source, parent if parent in ledger else None)
-            if (gpu := self._gpu_of.get(p.source)) is not None:
-                self._gpu_of[key] = gpu
 
     def _track(self, pending: _Track, handle: int) -> None:
         if not handle:
             return
+        ledger = self.ledger
+        gpu = None
         if pending.h_class == NvClass.ROOT_CLIENT:
             key, parent = Key(handle, handle), None
         else:
             key, parent = Key(pending.client, handle), Key(pending.client, pending.parent)
-            if parent not in self.ledger:
+            if parent not in ledger:
                 parent = None
-        self.ledger.track(pending.ctx, key, parent)
         if pending.h_class == NvClass.DEVICE_0:
-            if pending.gpu in self._gpu_indexes:
-                self._gpu_of[key] = pending.gpu  # type: ignore[assignment]
-            else:
+            gpu = pending.gpu if pending.gpu in self._gpu_indexes else None
+            if gpu is None:
                 log.warning("device %s on GPU %s, not in the inventory", key, pending.gpu)
-        elif pending.h_class == NvClass.SUBDEVICE_0 and parent in self._gpu_of:
-            self._gpu_of[key] = self._gpu_of[parent]  # type: ignore[index]
-
-    def _forget(self, keys: tuple[Key, ...]) -> None:
-        gpu_of = self._gpu_of
-        for key in keys:
-            gpu_of.pop(key, None)
+        elif pending.h_class == NvClass.SUBDEVICE_0 and parent is not None:
+            gpu = ledger.gpu_of(parent)
+        ledger.track(pending.ctx, key, parent, gpu)
 
     # --- the virtualized FB view ---
 
     def _control(self, upcall: Upcall, tenant: str, call: RmControl) -> Verdict:
-        if call.cmd != Ctrl.FB_GET_INFO_V2 or upcall.data is None:
+        cmd = call.cmd
+        if (cmd != Ctrl.FB_GET_INFO_V2 and cmd != Ctrl.FB_GET_INFO) or upcall.data is None:
             return ALLOW
+        return self._view(upcall, tenant, Key(call.h_client, call.h_object), _FbView)
+
+    def _view(self, upcall: Upcall, tenant: str, target: Key,
+              kind: type[_FbView] | type[_HeapInfo]) -> Verdict:
+        """A memory query of a tenant with a limit, on a GPU we can name: its
+        results come back in a POST upcall to be rewritten."""
         t = self._tenant(tenant)
-        gpu = self._gpu_of.get(Key(call.h_client, call.h_object))
+        gpu = self.ledger.gpu_of(target)
         if t is None or t.memory is None or gpu is None:
             return ALLOW  # no limit (or a GPU we cannot name): the driver's answer stands
-        self._pending[upcall.id] = _FbView(upcall.ctx_id, tenant, gpu)
+        self._pending[upcall.id] = kind(upcall.ctx_id, tenant, gpu)
         return ALLOW_POST
 
-    def _fb_view(self, upcall: Upcall, pending: _FbView) -> Verdict:
-        params, data = upcall.params, upcall.data
-        if (upcall.ret != 0 or data is None or len(params) != L.NVOS54.size
-                or _U32.unpack_from(params, L.NVOS54.offsets["status"])[0] != NvStatus.OK):
-            return ALLOW
+    def _usage(self, upcall: Upcall, pending: _FbView | _HeapInfo) -> Usage | None:
+        """The tenant's account, when the driver answered the query with success."""
+        status_off = L.status_offset(upcall.nr, len(upcall.params))
+        if (upcall.ret != 0 or status_off is None
+                or _U32.unpack_from(upcall.params, status_off)[0] != NvStatus.OK):
+            return None
         try:
-            usage = self.ledger.usage(pending.tenant, pending.gpu)
+            return self.ledger.usage(pending.tenant, pending.gpu)
         except LedgerError:
+            return None
+
+    def _fb_view(self, upcall: Upcall, pending: _FbView) -> Verdict:
+        data = upcall.data
+        usage = self._usage(upcall, pending)
+        if data is None or usage is None:
             return ALLOW
         values = dict.fromkeys(FB_LIMIT_INDEXES, usage.limit // 1024)
         values[FbInfoIndex.HEAP_FREE] = usage.free // 1024
+        if len(data) == L.NV2080_CTRL_FB_GET_INFO_PARAMS.size:
+            self._fb_list(upcall, data, values)
+            return ALLOW
         new = rewrite_fb_info_v2(data, values)
         return ALLOW if new is None else Verdict.reply(data=new)
+
+    def _fb_list(self, upcall: Upcall, data: bytes, values: dict[int, int]) -> None:
+        """FB_GET_INFO: the list is in the caller's memory, behind a pointer in the
+        control params; the caller is blocked on this upcall while it is rewritten."""
+        count, pointer = L.NV2080_CTRL_FB_GET_INFO_PARAMS.unpack_exact(data)
+        if self._memory is None or not pointer or not 0 < count <= FB_INFO_MAX_LIST_SIZE:
+            return
+        pid = upcall.caller_tgid
+        try:
+            entries = self._memory.read(pid, pointer, count * L.FB_INFO_ENTRY.size)
+            new = rewrite_fb_info(entries, values)
+            if new is not None:
+                self._memory.write(pid, pointer, new)
+        except OSError as exc:
+            log.warning("upcall %d: FB_GET_INFO list of pid %d at %#x: %s; the driver's "
+                        "answer stands", upcall.id, pid, pointer, exc)
+
+    def _heap_info(self, upcall: Upcall, pending: _HeapInfo) -> Verdict:
+        """VID_HEAP_CONTROL INFO: total and free in bytes (the driver's are KiB
+        multiples), the largest free block no larger than the tenant's free."""
+        usage = self._usage(upcall, pending)
+        if usage is None:
+            return ALLOW
+        new = rewrite_vid_heap_info(upcall.params, usage.limit >> 10 << 10,
+                                    usage.free >> 10 << 10)
+        return ALLOW if new is None else Verdict.reply(params=new)
 
     # --- nvidia-uvm ---
 

@@ -4,11 +4,14 @@
 allocations; then a steady mix runs on one core: reserve + commit of a new
 allocation, free of an old one, some dups (and frees of them), some failed
 allocations (release), and denials from tenants at their limit. Every ledger
-call counts as one decision.
+call counts as one decision. With --journal DIR the ledger's durable changes
+are appended to a charge journal there (vgpud.journal; use a tmpfs), as the
+daemon does.
 
-    .venv/bin/python tests/bench/bench_ledger.py [--ops N]
+    .venv/bin/python tests/bench/bench_ledger.py [--ops N] [--journal /dev/shm/x]
 
-Targets: >= 50,000 decisions/s; RSS < 80 MiB.
+Targets: >= 50,000 decisions/s; RSS < 80 MiB (this process; the whole daemon's
+is tests/bench/bench_daemon_rss.py).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import random
 import resource
 import time
+from pathlib import Path
 
 from vgpud.core.ledger import Key, Ledger, Reservation
 
@@ -93,8 +97,16 @@ def run(ledger: Ledger, devices: list[tuple[int, Key]], live: list[Key], ops: in
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=200_000, help="allocation attempts")
+    parser.add_argument("--journal", type=Path, help="journal the ledger in this directory")
     args = parser.parse_args()
     ledger = Ledger()
+    journal = None
+    if args.journal is not None:
+        from vgpud.journal import ChargeJournal, Identity  # (pydantic: not in the core's RSS)
+
+        args.journal.mkdir(parents=True, exist_ok=True)
+        journal = ChargeJournal(args.journal / "charges", Identity("bench", "bench"), ledger)
+        assert journal.start()
     devices, live = setup(ledger, random.Random(1))
     result = run(ledger, devices, live, args.ops)
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -106,6 +118,10 @@ def main() -> None:
     )
     print(f"rate {rate:,.0f} decisions/s (target >= 50,000)")
     print(f"max RSS {rss_mib:.1f} MiB (target < 80)")
+    if journal is not None:
+        print(f"journal {journal.path}: {journal.path.stat().st_size / 2**20:.1f} MiB, "
+              f"{journal.compactions} compactions")
+        journal.close()
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 import signal
 from pathlib import Path
@@ -14,7 +15,7 @@ from click.testing import CliRunner
 from dbus_fast import BusType
 from dbus_fast.aio import MessageBus
 from dbus_fixtures import system_bus_fixture  # noqa: F401
-from fakekernel import FAMILY, post_event_msg, upcall_msg
+from fakekernel import FAMILY, make_context, post_event_msg, upcall_msg
 from test_daemon import World as _World
 
 from vgpud import daemon
@@ -22,13 +23,14 @@ from vgpud.admin.dbus import BUS_NAME
 from vgpud.daemon import Daemon, Dispatcher, Notifier, build_quota
 from vgpud.inventory import GpuInfo
 from vgpud.kernel import codec
-from vgpud.kernel.uapi import FILTER_OPEN, FILTER_UVM_MMAP, UpcallKind, VerdictAction
+from vgpud.kernel.uapi import FILTER_OPEN, FILTER_UVM_MMAP, Cmd, UpcallKind, VerdictAction
 from vgpud.nvidia import layouts as L
 
-GIB = 2**30
+GIB, MIB = 2**30, 2**20
 CONFIG = """\
 [daemon]
 state_path = "{state}"
+charges_path = "{charges}"
 
 [[tenant]]
 name = "a"
@@ -39,7 +41,8 @@ match = [{{ uid = 1000 }}]
 
 def write_config(tmp: Path, extra: str = "") -> Path:
     path = tmp / "vgpud.toml"
-    path.write_text(CONFIG.format(state=tmp / "state.json") + extra)
+    path.write_text(CONFIG.format(state=tmp / "state.json", charges=tmp / "run/charges")
+                    + extra)
     return path
 
 
@@ -166,3 +169,76 @@ def test_close_of_unknown_context_and_errno(tmp_path: Path) -> None:
     verdict = Dispatcher(policy).on_upcall(upcall)
     assert (verdict.action, verdict.error) == (VerdictAction.DENY, errno.EACCES)
 
+
+
+async def _serve_and_allocate(world: World) -> None:
+    """Contexts 7 and 8 of tenant a hold 512 and 256 MiB; then SIGTERM."""
+    serving = asyncio.create_task(world.daemon().serve())
+    assert (await world.notification()).startswith("READY=1")
+    k = world.kernel
+    for uid, (ctx, size, handle) in enumerate([(7, 512 * MIB, 0x97), (8, 256 * MIB, 0x98)]):
+        k.send(upcall_msg(kind=UpcallKind.OPEN, id=10 * uid + 1, ctx_id=ctx, uid=1000,
+                          cgroup="/"))
+        assert (await k.verdicts.get())[1] == VerdictAction.ALLOW
+        params, alloc = mem_alloc(size)
+        k.send(upcall_msg(params, alloc, id=10 * uid + 2, ctx_id=ctx, nr=0x2B))
+        assert (await k.verdicts.get())[1] == VerdictAction.ALLOW
+        k.send(post_event_msg(ctx, 10 * uid + 2, 0x2B, 0, mem_alloc(size, h_new=handle)[0]))
+    os.kill(os.getpid(), signal.SIGTERM)  # the drain handles the queued events first
+    assert await serving == 0
+
+
+def test_restart_keeps_the_charges_of_live_contexts(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    first = World(tmp_path, "off")
+    assert not first.policy.restored
+    run(_serve_and_allocate(first))
+    assert Cmd.LIST_CONTEXTS not in first.kernel.requests  # nothing restored: no question
+    assert first.admin.manager.usage("a")[0].charged == 768 * MIB
+    first.close()
+    (tmp_path / "notify").unlink()
+
+    again = World(tmp_path, "off")
+    assert again.policy.restored == {7, 8}
+    again.kernel.contexts = [make_context(7), make_context(9)]  # 8 closed while no daemon ran
+
+    async def main():
+        serving = asyncio.create_task(again.daemon().serve())
+        assert (await again.notification()).startswith("READY=1")
+        assert Cmd.LIST_CONTEXTS in again.kernel.requests
+        assert again.admin.manager.usage("a")[0].charged == 512 * MIB
+        assert again.admin.manager.contexts("a") == 1
+        params, alloc = mem_alloc(600 * MIB)  # 512 + 600 MiB > 1 GiB: still refused
+        again.kernel.send(upcall_msg(params, alloc, id=50, ctx_id=7, nr=0x2B))
+        assert await again.kernel.verdicts.get() == (
+            50, VerdictAction.FAIL_STATUS, 0, 0x51, 28, 0, 0)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert await serving == 0
+
+    run(main())
+    assert "1 closed while the daemon was down" in caplog.text
+    again.close()
+
+
+def test_restart_keeps_every_charge_when_the_module_cannot_list(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    first = World(tmp_path, "off")
+    run(_serve_and_allocate(first))
+    first.close()
+    (tmp_path / "notify").unlink()
+    again = World(tmp_path, "off")
+    again.kernel.errors[Cmd.LIST_CONTEXTS] = errno.EOPNOTSUPP
+
+    async def main():
+        serving = asyncio.create_task(again.daemon().serve())
+        assert (await again.notification()).startswith("READY=1")
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert await serving == 0
+
+    run(main())
+    assert again.admin.manager.usage("a")[0].charged == 768 * MIB
+    assert "every restored charge is kept" in caplog.text
+    again.close()

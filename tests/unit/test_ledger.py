@@ -10,15 +10,22 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from vgpud.core.ledger import (
+    Change,
+    Charged,
+    Closed,
     Denied,
+    Duped,
     DuplicateContext,
     DuplicateKey,
     Freed,
     Key,
     Ledger,
+    Opened,
     Release,
+    Removed,
     Reservation,
     TenantInUse,
+    Tracked,
     UnknownContext,
     UnknownKey,
     UnknownReservation,
@@ -383,6 +390,152 @@ def test_errors() -> None:
         ledger.release(Reservation(999, 1, "a", 0, MiB))
     assert ledger.snapshot() == before
     assert mem(2) not in ledger
+
+
+# --- GPUs of the tree ---
+
+
+def test_gpu_of_devices_and_their_dups() -> None:
+    ledger = ledger_with_device()
+    subdevice = Key(CLIENT.client, 0x2080)
+    ledger.track(1, subdevice, DEVICE, gpu=1)
+    ledger.dup(1, Key(CLIENT.client, 0x2081), subdevice, CLIENT)
+    assert ledger.gpu_of(subdevice) == ledger.gpu_of(Key(CLIENT.client, 0x2081)) == 1
+    assert ledger.gpu_of(DEVICE) is None  # tracked without one
+    assert ledger.gpu_of(mem(9)) is None  # unknown
+    ledger.free(subdevice)
+    assert ledger.gpu_of(subdevice) is None
+
+
+# --- durable changes, replay ---
+
+
+def recording(ledger: Ledger) -> list[Change]:
+    seen: list[Change] = []
+    ledger.on_change = seen.append
+    return seen
+
+
+def test_changes_are_reported_after_they_happen() -> None:
+    ledger = Ledger()
+    ledger.set_limit("a", 0, 100 * MiB)
+    seen = recording(ledger)
+    ledger.open(1, "a")
+    ledger.track(1, CLIENT)
+    ledger.track(1, DEVICE, CLIENT, gpu=0)
+    r = ledger.reserve(1, 0, MiB, DEVICE, mem(1))
+    assert isinstance(r, Reservation)
+    ledger.release(ledger.reserve(1, 0, MiB, DEVICE))  # type: ignore[arg-type]
+    ledger.commit(r)
+    ledger.dup(1, mem(2), mem(1), None)
+    ledger.free(DEVICE)
+    ledger.close(1)
+    assert seen == [
+        Opened(1, "a"),
+        Tracked(1, CLIENT, None, None),
+        Tracked(1, DEVICE, CLIENT, 0),
+        Charged(1, mem(1), DEVICE, "a", 0, MiB),  # reservations are not durable
+        Duped(1, mem(2), mem(1), None),
+        Removed(DEVICE),
+        Closed(1),
+    ]
+
+
+def test_commit_reports_the_parent_it_kept() -> None:
+    ledger = ledger_with_device()
+    r = ledger.reserve(1, 0, MiB, DEVICE, mem(1))
+    ledger.free(DEVICE)
+    seen = recording(ledger)
+    ledger.commit(r)  # type: ignore[arg-type]
+    assert seen == [Charged(1, mem(1), None, "a", 0, MiB)]
+
+
+def test_failed_calls_report_nothing() -> None:
+    ledger = ledger_with_device()
+    seen = recording(ledger)
+    with pytest.raises(DuplicateKey):
+        ledger.track(1, DEVICE)
+    with pytest.raises(UnknownKey):
+        ledger.free(mem(1))
+    assert seen == []
+
+
+def test_apply_rebuilds_and_restores_charges_over_the_limit() -> None:
+    ledger = ledger_with_device(limit=MiB)
+    ledger.apply(Charged(1, mem(1), DEVICE, "a", 0, 8 * MiB))
+    ledger.apply(Duped(1, mem(2), mem(1), DEVICE))
+    assert ledger.usage("a", 0).charged == 8 * MiB  # a lowered limit frees nothing
+    assert isinstance(ledger.reserve(1, 0, 0, DEVICE), Denied)
+    ledger.apply(Removed(mem(1)))
+    assert ledger.usage("a", 0).charged == 8 * MiB
+    ledger.apply(Closed(1))
+    assert ledger.usage("a", 0).charged == 0
+    assert ledger.contexts() == {}
+
+
+@pytest.mark.parametrize("change, error", [
+    (Opened(1, "a"), DuplicateContext),
+    (Opened(2, "nobody"), UnknownTenant),
+    (Tracked(2, mem(1), None, None), UnknownContext),
+    (Tracked(1, DEVICE, None, None), DuplicateKey),
+    (Charged(1, mem(1), mem(9), "a", 0, MiB), UnknownKey),
+    (Charged(1, mem(1), DEVICE, "a", 7, MiB), UnknownTenant),
+    (Charged(1, DEVICE, None, "a", 0, MiB), DuplicateKey),
+    (Duped(1, mem(2), mem(1), None), UnknownKey),
+    (Removed(mem(1)), UnknownKey),
+    (Closed(2), UnknownContext),
+])
+def test_apply_refuses_what_does_not_fit(change: Change, error: type[Exception]) -> None:
+    ledger = ledger_with_device()
+    before = (ledger.snapshot(), list(ledger.changes()))
+    with pytest.raises(error):
+        ledger.apply(change)
+    assert (ledger.snapshot(), list(ledger.changes())) == before
+
+
+def test_apply_refuses_a_negative_size_and_other_values() -> None:
+    ledger = ledger_with_device()
+    with pytest.raises(ValueError):
+        ledger.apply(Charged(1, mem(1), DEVICE, "a", 0, -1))
+    with pytest.raises(TypeError):
+        ledger.apply(("O", 1, "a"))  # type: ignore[arg-type]
+    assert mem(1) not in ledger
+
+
+def test_changes_list_parents_first_and_shared_charges_once() -> None:
+    ledger = ledger_with_device()
+    ledger.set_limit("b", 0, 100 * MiB)
+    ledger.open(2, "b")
+    other = Key(9, 9)
+    ledger.track(2, other)
+    alloc(ledger, 1, mem(1), MiB)
+    ledger.dup(2, Key(9, 1), mem(1), other)
+    ledger.free(mem(1))  # the dup now carries the charge
+    alloc(ledger, 1, mem(2), 2 * MiB)
+    assert list(ledger.changes()) == [
+        Opened(1, "a"),
+        Opened(2, "b"),
+        Tracked(2, other, None, None),
+        Charged(2, Key(9, 1), other, "a", 0, MiB),  # still the owner's charge
+        Tracked(1, CLIENT, None, None),
+        Tracked(1, DEVICE, CLIENT, None),
+        Charged(1, mem(2), DEVICE, "a", 0, 2 * MiB),
+    ]
+    copy = Ledger()
+    copy.set_limit("a", 0, 100 * MiB)
+    copy.set_limit("b", 0, 100 * MiB)
+    for change in ledger.changes():
+        copy.apply(change)
+    assert copy.snapshot() == ledger.snapshot()
+    assert list(copy.changes()) == list(ledger.changes())
+
+
+def test_tenant_of_and_contexts() -> None:
+    ledger = ledger_with_device()
+    assert ledger.tenant_of(1) == "a"
+    assert ledger.contexts() == {1: "a"}
+    with pytest.raises(UnknownContext):
+        ledger.tenant_of(2)
 
 
 # --- stateful model check ---

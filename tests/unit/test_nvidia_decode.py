@@ -138,3 +138,49 @@ def test_filter_specs() -> None:
             parse_filter_spec(bad)
     assert parse_filter_spec("open").rules == ()
     assert parse_filter_spec("alloc:0x40").rules[0].ptr_off != OFF_NONE
+
+
+# --- rewriting the memory figures a tenant sees ---
+
+FB_VALUES = {0x07: 100, 0x16: 40}
+
+
+def _entries(*pairs: tuple[int, int]) -> bytes:
+    return b"".join(L.FB_INFO_ENTRY.struct.pack(i, d) for i, d in pairs)
+
+
+def test_rewrite_fb_info_list() -> None:
+    driver = _entries((0x07, 400), (0x33, 9), (0x16, 300), (0x07, 400))
+    assert L.rewrite_fb_info(driver, FB_VALUES) == _entries(
+        (0x07, 100), (0x33, 9), (0x16, 40), (0x07, 100))
+    assert L.rewrite_fb_info(_entries((0x07, 100), (0x33, 1)), FB_VALUES) is None
+    assert L.rewrite_fb_info(b"", FB_VALUES) is None
+    assert L.rewrite_fb_info(_entries((0x07, 1)), {0x07: -5, 0x16: 1}) == _entries((0x07, 0))
+    assert L.rewrite_fb_info(_entries((0x07, 1)), {0x07: 2**40}) == _entries((0x07, 2**32 - 1))
+    with pytest.raises(DecodeError):
+        L.rewrite_fb_info(b"\0" * 12, FB_VALUES)
+
+
+def test_rewrite_fb_info_v2_only_within_its_count() -> None:
+    entries = _entries((0x07, 400), (0x16, 300))
+    buf = struct.pack("=I", 1) + entries + b"\0" * (1024 - len(entries))
+    out = L.rewrite_fb_info_v2(buf, FB_VALUES)
+    assert out is not None and len(out) == 1028
+    assert out[4:20] == _entries((0x07, 100), (0x16, 300))  # the second is past the count
+    assert L.rewrite_fb_info_v2(buf[:-1], FB_VALUES) is None
+    assert L.rewrite_fb_info_v2(struct.pack("=I", 129) + buf[4:], FB_VALUES) is None
+
+
+def test_vid_heap_info_decode_and_rewrite() -> None:
+    params = L.NVOS32_INFO.struct.pack(1, 2, 5, 0, 0, 0, 8 << 30, 6 << 30, 0, 4096, 5 << 30,
+                                       8192)
+    assert L.decode_vid_heap_info(params) == L.VidHeapInfo(0, 8 << 30, 6 << 30, 0, 4096,
+                                                           5 << 30, 8192)
+    out = L.rewrite_vid_heap_info(params, 1 << 30, 256 << 20)
+    assert L.decode_vid_heap_info(out) == L.VidHeapInfo(0, 1 << 30, 256 << 20, 0, 4096,
+                                                        256 << 20, 8192)
+    assert out[:24] == params[:24] and out[64:] == params[64:]
+    assert L.rewrite_vid_heap_info(out, 1 << 30, 256 << 20) is None  # nothing to change
+    assert L.rewrite_vid_heap_info(params[:-1], 1, 1) is None
+    with pytest.raises(DecodeError):
+        L.decode_vid_heap_info(params[:100])

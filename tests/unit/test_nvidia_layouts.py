@@ -18,9 +18,11 @@ SIZES = {
     "nv_ioctl_nvos33_parameters_with_fd": 56,
     "nv_ioctl_nvos02_parameters_with_fd": 56,
     "NVOS32_PARAMETERS": 184,
+    "NVOS32_INFO_PARAMETERS": 184,
     "NVOS55_PARAMETERS": 28,
     "NV_MEMORY_ALLOCATION_PARAMS": 128,
     "NV0080_ALLOC_PARAMETERS": 56,
+    "NV2080_CTRL_FB_INFO": 8,
     "NV2080_CTRL_FB_GET_INFO_PARAMS": 16,
     "NV2080_CTRL_FB_GET_INFO_V2_PARAMS": 1028,
 }
@@ -41,6 +43,8 @@ OFFSETS = {
     "NVOS32_PARAMETERS": dict(function=8, hVASpace=12, ivcHeapNumber=16, status=20, total=24,
                               free=32, owner=40, hMemory=44, type=48, flags=52, attr=56,
                               size=88, alignment=96, offset=104, attr2=144, ctagOffset=148),
+    "NVOS32_INFO_PARAMETERS": dict(function=8, status=20, total=24, free=32, attr=40,
+                                   offset=48, size=56, base=64),
     "NVOS55_PARAMETERS": dict(hClient=0, hParent=4, hObject=8, hClientSrc=12, hObjectSrc=16,
                               flags=20, status=24),
     "NV_MEMORY_ALLOCATION_PARAMS": dict(owner=0, type=4, flags=8, attr=24, attr2=28,
@@ -51,13 +55,15 @@ OFFSETS = {
     "NV0080_ALLOC_PARAMETERS": dict(deviceId=0, hClientShare=4, hTargetClient=8,
                                     hTargetDevice=12, flags=16, vaSpaceSize=24,
                                     vaStartInternal=32, vaLimitInternal=40, vaMode=48),
+    "NV2080_CTRL_FB_INFO": dict(index=0, data=4),
     "NV2080_CTRL_FB_GET_INFO_PARAMS": dict(fbInfoListSize=0, fbInfoList=8),
     "NV2080_CTRL_FB_GET_INFO_V2_PARAMS": dict(fbInfoListSize=0, fbInfoList=4),
 }
 
 # C mirrors, written from nvos.h (open-gpu-kernel-modules). NVOS32's union is
-# flattened to its AllocSize member plus the padding that its largest member
-# (HwAlloc, 144 B) implies; the union itself is sized below in C.
+# flattened to its AllocSize member (NVOS32_PARAMETERS) or its Info member
+# (NVOS32_INFO_PARAMETERS) plus the padding that its largest member (HwAlloc,
+# 144 B) implies; the union itself is sized below in C.
 C_MIRRORS = r"""
 #include <stdint.h>
 typedef uint32_t NvU32; typedef int32_t NvS32; typedef int16_t NvS16;
@@ -88,9 +94,15 @@ struct hw_alloc { NvU32 allocOwner; NvHandle allochMemory; NvU32 flags, allocTyp
 struct alloc_size { NvU32 owner; NvHandle hMemory; NvU32 type, flags, attr, format, comprCovg,
   zcullCovg, partitionStride, width, height; NvU64 size, alignment, offset, limit;
   NvP64 address; NvU64 rangeBegin, rangeEnd; NvU32 attr2, ctagOffset; };
+struct info { NvU32 attr; NvU64 offset, size, base; };
 typedef struct { NvHandle hRoot, hObjectParent; NvU32 function; NvHandle hVASpace;
   NvS16 ivcHeapNumber; NvV32 status; NvU64 total, free;
-  union { struct alloc_size AllocSize; struct hw_alloc HwAlloc; } data; } NVOS32_REAL;
+  union { struct alloc_size AllocSize; struct info Info; struct hw_alloc HwAlloc; } data;
+} NVOS32_REAL;
+typedef struct { NvHandle hRoot, hObjectParent; NvU32 function; NvHandle hVASpace;
+  NvS16 ivcHeapNumber; NvV32 status; NvU64 total, free;
+  NvU32 attr; NvU64 offset, size, base;
+  char tail[sizeof(struct hw_alloc) - sizeof(struct info)]; } NVOS32_INFO_PARAMETERS;
 typedef struct { NvHandle hRoot, hObjectParent; NvU32 function; NvHandle hVASpace;
   NvS16 ivcHeapNumber; NvV32 status; NvU64 total, free;
   NvU32 owner; NvHandle hMemory; NvU32 type, flags, attr, format, comprCovg,
@@ -112,6 +124,9 @@ typedef struct { NvU32 fbInfoListSize; NV2080_CTRL_FB_INFO fbInfoList[128];
 } NV2080_CTRL_FB_GET_INFO_V2_PARAMS;
 _Static_assert(sizeof(NVOS32_REAL) == sizeof(NVOS32_PARAMETERS), "NVOS32 flattening");
 _Static_assert(offsetof(NVOS32_REAL, data) == 40, "NVOS32 union offset");
+_Static_assert(sizeof(NVOS32_REAL) == sizeof(NVOS32_INFO_PARAMETERS), "NVOS32 Info flattening");
+_Static_assert(offsetof(NVOS32_REAL, data.Info.size) == offsetof(NVOS32_INFO_PARAMETERS, size),
+               "NVOS32 Info.size");
 _Static_assert(sizeof(nv_ioctl_nvos33_parameters_with_fd_c)
                == sizeof(nv_ioctl_nvos33_parameters_with_fd), "with_fd 33");
 _Static_assert(sizeof(nv_ioctl_nvos02_parameters_with_fd_c)

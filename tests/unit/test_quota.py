@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import itertools
+import os
 import struct
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ from hypothesis import strategies as st
 from vgpud.config import parse_config
 from vgpud.core.ledger import Key, Ledger
 from vgpud.daemon import Dispatcher
+from vgpud.journal import ChargeJournal, Identity
 from vgpud.kernel import codec
 from vgpud.kernel.uapi import (
     ALLOW,
@@ -23,6 +27,7 @@ from vgpud.kernel.uapi import (
     FILTER_UVM_MMAP,
     UPCALL_F_DATA_BIG,
     UPCALL_F_DATA_FAULT,
+    Context,
     Node,
     UpcallKind,
     Verdict,
@@ -31,7 +36,8 @@ from vgpud.kernel.uapi import (
 from vgpud.manager import Manager
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Ctrl, Escape, NvStatus
-from vgpud.quota import QuotaPolicy
+from vgpud.procmem import ProcessMemory
+from vgpud.quota import CallerMemory, QuotaPolicy
 from vgpud.state import RuntimeState
 
 GIB, MIB, KIB = 2**30, 2**20, 2**10
@@ -61,7 +67,8 @@ OOM = NvStatus.NO_MEMORY
 
 
 class World:
-    def __init__(self, tmp: Path, default: str | None = None) -> None:
+    def __init__(self, tmp: Path, default: str | None = None, *,
+                 memory: CallerMemory | None = None, journal: Path | None = None) -> None:
         text = CONFIG.format(state=tmp / "state.json")
         if default:
             text = text.replace("[daemon]\n", f'[daemon]\ndefault_tenant = "{default}"\n')
@@ -72,7 +79,10 @@ class World:
         self.denied: list = []
         self.manager.quota_exceeded = self.denied.append  # type: ignore[method-assign]
         self.cgroups: dict[int, str] = {}
-        self.policy = QuotaPolicy(self.manager, self.ledger, cgroup_path=self.cgroups.get)
+        self.journal = None if journal is None else ChargeJournal.resume(
+            journal, self.ledger, Identity("boot", "vgpu"))
+        self.policy = QuotaPolicy(self.manager, self.ledger, cgroup_path=self.cgroups.get,
+                                  memory=memory)
         self.d = Dispatcher(self.policy)
         self.ids = itertools.count(1)
         self.handles = itertools.count(0x1000)
@@ -90,10 +100,10 @@ class World:
         return uid, self.d.on_upcall(msg)
 
     def post_upcall(self, ctx: int, uid: int, nr: int, params: bytes,
-                    data: bytes | None = None, ret: int = 0) -> Verdict:
+                    data: bytes | None = None, ret: int = 0, **kw) -> Verdict:
         (msg,) = codec.decode_datagram(upcall_msg(
             params, data, id=uid, ctx_id=ctx, kind=UpcallKind.POST, nr=nr, ret=ret,
-            uid=self.uids.get(ctx, 1000)), FAMILY)
+            uid=self.uids.get(ctx, 1000), **kw), FAMILY)
         return self.d.on_upcall(msg)
 
     def post(self, ctx: int, uid: int, nr: int, params: bytes, ret: int = 0) -> None:
@@ -184,8 +194,11 @@ def test_filter() -> None:
     assert by_nr[Escape.RM_FREE, 16].match == ()
     assert (Escape.RM_DUP_OBJECT, 28) in by_nr
     assert by_nr[Escape.RM_ALLOC_MEMORY, 56].node_mask == 1 << Node.GPU
-    assert by_nr[Escape.RM_VID_HEAP_CONTROL, 184].match == (2, 3)
-    assert by_nr[Escape.RM_CONTROL, 32].match == (Ctrl.FB_GET_INFO_V2,)
+    heap = [r for r in filt.rules if r.nr == Escape.RM_VID_HEAP_CONTROL]
+    # ALLOC_SIZE and FREE complete on POST events; INFO asks for a POST upcall.
+    assert [(r.match, r.post) for r in heap] == [((2, 3), True), ((5,), False)]
+    assert by_nr[Escape.RM_CONTROL, 32].match == (Ctrl.FB_GET_INFO, Ctrl.FB_GET_INFO_V2)
+    assert not by_nr[Escape.RM_CONTROL, 32].post
 
 
 def test_open_resolves_or_refuses(w: World) -> None:
@@ -324,6 +337,181 @@ def test_fb_view_floor_and_unlimited_tenants(w: World) -> None:
     c_client, _, c_sub = setup_gpu(w, 2, uid=3000)  # tenant c: no limit
     ctrl = L.NVOS54.struct.pack(c_client, c_sub, Ctrl.FB_GET_INFO_V2, 0, 0x7F00, 1028, 0)
     assert w.upcall(2, ctrl, _fb_v2({7: 1}), nr=Escape.RM_CONTROL)[1] == ALLOW
+
+
+# --- FB_GET_INFO (v1): the list is in the caller's memory ---
+
+
+def _fb_list(entries: dict[int, int]) -> ctypes.Array:
+    """A list as the driver leaves it in the caller's memory (here: ours)."""
+    return ctypes.create_string_buffer(
+        b"".join(L.FB_INFO_ENTRY.struct.pack(i, d) for i, d in entries.items()),
+        8 * len(entries))
+
+
+def _list_entries(buf: ctypes.Array) -> dict[int, int]:
+    return dict(L.FB_INFO_ENTRY.struct.iter_unpack(buf.raw))
+
+
+def _fb_v1(w: World, ctx: int, client: int, sub: int, count: int, pointer: int,
+           status: int = 0, **kw) -> Verdict:
+    """FB_GET_INFO upcall, then its POST upcall from caller ``caller_tgid``."""
+    ctrl = L.NVOS54.struct.pack(client, sub, Ctrl.FB_GET_INFO, 0, 0x7F00, 16, 0)
+    params = L.NV2080_CTRL_FB_GET_INFO_PARAMS.struct.pack(count, pointer)
+    uid, verdict = w.upcall(ctx, ctrl, params, nr=Escape.RM_CONTROL)
+    assert verdict == ALLOW_POST
+    after = L.NVOS54.struct.pack(client, sub, Ctrl.FB_GET_INFO, 0, 0x7F00, 16, status)
+    kw.setdefault("caller_tgid", os.getpid())
+    return w.post_upcall(ctx, uid, Escape.RM_CONTROL, after, params, **kw)
+
+
+DRIVER_FB = {7: 4 * GIB // KIB, 8: 4 * GIB // KIB, 9: 4 * GIB // KIB - 1, 0x10: 5,
+             0x16: 3 * GIB // KIB, 0x20: 4 * GIB // KIB}
+
+
+def test_fb_get_info_v1_rewrites_the_callers_list(tmp_path: Path) -> None:
+    w = World(tmp_path, memory=ProcessMemory())
+    client, device, sub = setup_gpu(w, 1)
+    w.mem(1, client, device, 300 * MIB)
+    lst = _fb_list(DRIVER_FB)
+    assert _fb_v1(w, 1, client, sub, len(DRIVER_FB), ctypes.addressof(lst)) == ALLOW
+    # the same figures as FB_GET_INFO_V2 (shared code)
+    assert _list_entries(lst) == {7: GIB // KIB, 8: GIB // KIB, 9: GIB // KIB, 0x10: 5,
+                                  0x16: 724 * MIB // KIB, 0x20: GIB // KIB}
+    # a failed control keeps the driver's answer
+    lst = _fb_list(DRIVER_FB)
+    assert _fb_v1(w, 1, client, sub, 6, ctypes.addressof(lst), status=0x1F) == ALLOW
+    assert _list_entries(lst) == DRIVER_FB
+
+
+def test_fb_get_info_v1_failures_keep_the_drivers_answer(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    w = World(tmp_path, memory=ProcessMemory())
+    client, _, sub = setup_gpu(w, 1)
+    lst = _fb_list(DRIVER_FB)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    # the caller is gone, a bad pointer, a list longer than the driver allows, none
+    assert _fb_v1(w, 1, client, sub, 6, ctypes.addressof(lst), caller_tgid=gone.pid) == ALLOW
+    assert "No such process" in caplog.text
+    assert _fb_v1(w, 1, client, sub, 6, 8) == ALLOW
+    assert "Bad address" in caplog.text
+    assert _fb_v1(w, 1, client, sub, 129, ctypes.addressof(lst)) == ALLOW
+    assert _fb_v1(w, 1, client, sub, 0, ctypes.addressof(lst)) == ALLOW
+    assert _fb_v1(w, 1, client, sub, 6, 0) == ALLOW
+    assert _list_entries(lst) == DRIVER_FB
+    # without access to callers' memory, FB_GET_INFO is left alone
+    plain = World(tmp_path)
+    client, _, sub = setup_gpu(plain, 1)
+    assert _fb_v1(plain, 1, client, sub, 6, ctypes.addressof(lst)) == ALLOW
+    assert _list_entries(lst) == DRIVER_FB
+
+
+def test_fb_get_info_v1_touches_only_the_list(tmp_path: Path) -> None:
+    class Recorder:
+        def __init__(self) -> None:
+            self.calls: list[tuple] = []
+
+        def read(self, pid: int, address: int, size: int) -> bytes:
+            self.calls.append(("read", pid, address, size))
+            return b"".join(L.FB_INFO_ENTRY.struct.pack(i, 1) for i in (0x16, 0x33, 7))
+
+        def write(self, pid: int, address: int, data: bytes) -> None:
+            self.calls.append(("write", pid, address, dict(L.FB_INFO_ENTRY.struct.iter_unpack(
+                data))))
+
+    memory = Recorder()
+    w = World(tmp_path, memory=memory)
+    client, _, sub = setup_gpu(w, 1)
+    assert _fb_v1(w, 1, client, sub, 3, 0x7F0000004000, caller_tgid=4321) == ALLOW
+    assert memory.calls == [
+        ("read", 4321, 0x7F0000004000, 24),
+        ("write", 4321, 0x7F0000004000, {0x16: GIB // KIB, 0x33: 1, 7: GIB // KIB}),
+    ]
+
+
+# --- RM_VID_HEAP_CONTROL INFO ---
+
+
+def _heap_info(client: int, parent: int, total: int = 0, free: int = 0, block: int = 0,
+               status: int = 0) -> bytes:
+    return L.NVOS32_INFO.struct.pack(client, parent, 5, 0, 0, status, total, free, 0, 0x1000,
+                                     block, 0x2000)
+
+
+def test_vid_heap_info_is_the_tenant_limit(w: World) -> None:
+    client, device, sub = setup_gpu(w, 1)
+    w.mem(1, client, device, 300 * MIB + 100)  # charged in pages: 300 MiB + 4 KiB
+    for parent in (device, sub):
+        uid, verdict = w.upcall(1, _heap_info(client, parent), nr=Escape.RM_VID_HEAP_CONTROL)
+        assert verdict == ALLOW_POST
+        reply = w.post_upcall(1, uid, Escape.RM_VID_HEAP_CONTROL,
+                              _heap_info(client, parent, 4 * GIB, 3 * GIB, 3 * GIB))
+        assert reply.action is VerdictAction.REPLY and reply.data is None
+        free = GIB - 300 * MIB - 4 * KIB
+        assert L.decode_vid_heap_info(reply.params) == L.VidHeapInfo(
+            0, GIB, free, 0, 0x1000, free, 0x2000)
+    # a largest free block below the tenant's free stays as the driver said
+    uid, _ = w.upcall(1, _heap_info(client, device), nr=Escape.RM_VID_HEAP_CONTROL)
+    reply = w.post_upcall(1, uid, Escape.RM_VID_HEAP_CONTROL,
+                          _heap_info(client, device, 4 * GIB, 3 * GIB, 16 * MIB))
+    assert L.decode_vid_heap_info(reply.params).size == 16 * MIB
+    # a failed call keeps the driver's answer
+    uid, _ = w.upcall(1, _heap_info(client, device), nr=Escape.RM_VID_HEAP_CONTROL)
+    assert w.post_upcall(1, uid, Escape.RM_VID_HEAP_CONTROL,
+                         _heap_info(client, device, status=0x1F)) == ALLOW
+
+
+def test_vid_heap_info_outside_a_limit(w: World) -> None:
+    c_client, c_device, _ = setup_gpu(w, 2, uid=3000)  # tenant c: no limit
+    assert w.upcall(2, _heap_info(c_client, c_device),
+                    nr=Escape.RM_VID_HEAP_CONTROL)[1] == ALLOW
+    client, _, _ = setup_gpu(w, 1)
+    assert w.upcall(1, _heap_info(client, 0x999),  # a device it never saw: no GPU to name
+                    nr=Escape.RM_VID_HEAP_CONTROL)[1] == ALLOW
+
+
+# --- restart: the charge journal ---
+
+
+def test_restart_keeps_the_charges_of_live_contexts(tmp_path: Path) -> None:
+    charges = tmp_path / "run" / "charges"
+    w = World(tmp_path, journal=charges)
+    client, device, sub = setup_gpu(w, 1)
+    w.mem(1, client, device, 700 * MIB)
+    b_client, b_device, _ = setup_gpu(w, 2, gpu=1, uid=5, cgroup="/pods/b-2")
+    w.mem(2, b_client, b_device, 200 * MIB)
+    other, other_device, _ = setup_gpu(w, 3)
+    w.mem(3, other, other_device, 100 * MIB)
+    w.journal.close()  # type: ignore[union-attr]  # the daemon is killed
+
+    again = World(tmp_path, journal=charges)
+    again.handles = itertools.count(0x8000)  # the driver hands out new handles
+    assert again.policy.restored == {1, 2, 3}
+    assert (again.used("a"), again.used("b", 1)) == (800 * MIB, 200 * MIB)
+    # calls of a restored context keep its tenant (no relearning from the header)
+    assert again.mem(1, client, device, 300 * MIB)[0].action is VerdictAction.FAIL_STATUS
+    # the module lists 1 and 2: 3 was closed while no daemon ran
+    live = [Context(ctx, 0x100, Node.CTL, 0, 100, 100, 1000, 1000) for ctx in (1, 2, 99)]
+    again.policy.reconcile(live)
+    assert (again.used("a"), again.used("b", 1)) == (700 * MIB, 200 * MIB)
+    assert again.manager.contexts("a") == 1
+    # the restored device still names its GPU, its subdevice serves the FB view
+    assert again.mem(1, client, device, 400 * MIB)[0].action is VerdictAction.FAIL_STATUS
+    assert again.mem(1, client, device, 300 * MIB)[0] == ALLOW
+    assert again.used("a") == 1000 * MIB
+    assert again.upcall(1, _heap_info(client, sub),
+                        nr=Escape.RM_VID_HEAP_CONTROL)[1] == ALLOW_POST
+    # frees of restored objects count; a restored context closes as any other
+    again.free(1, client, device)
+    assert again.used("a") == 0
+    again.close(2)
+    assert again.used("b", 1) == 0 and again.manager.contexts("b") == 0
+    again.journal.close()  # type: ignore[union-attr]
+    third = World(tmp_path, journal=charges)
+    assert third.policy.restored == {1}
+    assert third.ledger.snapshot() == again.ledger.snapshot()
 
 
 def test_uvm_policies(w: World) -> None:

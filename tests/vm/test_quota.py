@@ -19,8 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
 import nvclient as nv
-from conftest import NVSIM_DIR, NVSIM_KO, insmod, rmmod, wait_path
+from conftest import NVSIM_DIR, NVSIM_KO, VGPU_DIR, VGPU_KO, insmod, rmmod, wait_path
 from dbus_fixtures import PrivateBus
+
+from vgpud.journal import current_identity
 
 pytestmark = pytest.mark.vm
 
@@ -32,6 +34,7 @@ MiB = 1 << 20
 CONFIG = """\
 [daemon]
 state_path = "{state}"
+charges_path = "{charges}"
 
 [[tenant]]
 name = "a"
@@ -71,7 +74,8 @@ def quota_daemon(vgpu: Path, daemon_factory, tmp_path: Path) -> Iterator[tuple]:
     bus = PrivateBus()
     os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = bus.address
     config = tmp_path / "vgpud.toml"
-    config.write_text(CONFIG.format(state=tmp_path / "state.json"))
+    config.write_text(CONFIG.format(state=tmp_path / "state.json",
+                                    charges=tmp_path / "run" / "charges"))
     daemon = daemon_factory("--config", str(config)).start()
     try:
         yield daemon, config
@@ -109,6 +113,14 @@ class Workload:
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait()
+
+
+def once(cgroup: Path, *args: str) -> dict:
+    """A workload's one line of output, once it has exited (its cgroup can go)."""
+    w = Workload(cgroup, *args)
+    line = w.lines(1)[0]
+    w.proc.communicate(timeout=30)
+    return line
 
 
 def vgpuctl(*args: str) -> dict | list:
@@ -188,3 +200,70 @@ def test_no_tenant_means_the_open_is_refused(quota_daemon) -> None:
     # The test process itself is in no tenant's cgroup and there is no default.
     with pytest.raises(PermissionError):
         nv.NvNodes("/dev/vgpu").open_ctl()
+
+
+def test_legacy_fb_info_and_heap_info_report_the_limit(quota_daemon, cgroups) -> None:
+    holder = Workload(cgroups["a"], "alloc", "256MiB", "1", "--hold")
+    try:
+        assert holder.lines(1)[0]["status"] == 0
+        holder.wait_holding()
+        # FB_GET_INFO: its list, in the caller's memory, rewritten by the daemon
+        view = once(cgroups["a"], "fbinfo1")
+        assert (view["errno"], view["status"]) == (0, 0)
+        assert view["total_ram_size"] == view["heap_size"] == (1 << 30) >> 10
+        assert view["heap_free"] == (768 * MiB) >> 10
+        # RM_VID_HEAP_CONTROL INFO: bytes
+        heap = once(cgroups["a"], "heapinfo")
+        assert (heap["errno"], heap["status"]) == (0, 0)
+        assert (heap["total"], heap["free"]) == (1 << 30, 768 * MiB)
+        assert heap["largest"] <= 768 * MiB
+        # tenant b's own view, on the same GPU
+        heap = once(cgroups["b"], "heapinfo")
+        assert (heap["total"], heap["free"]) == (2 << 30, 2 << 30)
+    finally:
+        holder.release()
+
+
+def test_sigkill_and_restart_keep_the_charges(quota_daemon, cgroups, daemon_factory) -> None:
+    daemon, config = quota_daemon
+    kept = Workload(cgroups["a"], "alloc", "256MiB", "3", "--hold")
+    gone = Workload(cgroups["a"], "alloc", "128MiB", "1", "--hold")
+    restarted = None
+    try:
+        assert [r["status"] for r in kept.lines(3)] == [0, 0, 0]
+        kept.wait_holding()
+        assert gone.lines(1)[0]["status"] == 0
+        gone.wait_holding()
+        assert used("a") == 896 * MiB
+
+        daemon.kill()  # SIGKILL
+        gone.release()  # its context closes while no daemon runs: the CLOSE event is lost
+        restarted = daemon_factory("--config", str(config)).start()
+
+        assert used("a") == 768 * MiB
+        assert once(cgroups["a"], "alloc", "512MiB", "1")["status"] == 0x51
+        assert once(cgroups["a"], "alloc", "256MiB", "1")["status"] == 0
+        assert used("a") == 768 * MiB  # that one closed again
+    except BaseException:
+        if restarted is not None:
+            print(restarted.log())
+        raise
+    finally:
+        for w in (kept, gone):
+            if w.proc.poll() is None:
+                w.release()
+    assert used("a") == 0
+
+
+def test_each_load_of_vgpu_is_another_journal_identity(nvsim: Path) -> None:
+    """Context ids restart at each load: a journal must not outlive its load."""
+    identities = []
+    for _ in range(2):
+        insmod(VGPU_KO, f"backing_dir={nvsim}")
+        wait_path(VGPU_DIR / "nvidiactl")
+        identities.append(current_identity())
+        assert rmmod("vgpu").returncode == 0
+    first, second = identities
+    assert first.boot_id == second.boot_id
+    assert first.module != second.module
+    assert current_identity().module == "absent"

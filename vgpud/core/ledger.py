@@ -20,10 +20,18 @@ is told; charge_for() encodes which classes hold device memory.
 Reservations make admission atomic: a reservation counts against the limit
 from the pre-call until its POST, so two concurrent allocations cannot both
 pass on the same free bytes.
+
+Durable changes (contexts, objects, charges; not limits, which come from the
+config, nor reservations, which live for one call) are reported as Change
+values to ``on_change`` when one is set: the daemon's charge journal
+(vgpud.journal) appends them, and ``apply`` replays them into a new ledger
+after a restart. ``changes()`` lists the changes that rebuild the current
+state, for compacting that journal.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -122,6 +130,56 @@ class Usage:
         return max(0, self.limit - self.used)
 
 
+# --- durable changes ---------------------------------------------------------
+
+
+class Opened(NamedTuple):
+    ctx: int
+    tenant: str
+
+
+class Tracked(NamedTuple):
+    """An uncharged object; ``gpu``: the GPU a device or subdevice names."""
+
+    ctx: int
+    key: Key
+    parent: Key | None
+    gpu: int | None
+
+
+class Charged(NamedTuple):
+    """A committed allocation: ``size`` bytes charged to ``tenant`` on ``gpu``."""
+
+    ctx: int
+    key: Key
+    parent: Key | None
+    tenant: str
+    gpu: int
+    size: int
+
+
+class Duped(NamedTuple):
+    """A second handle to ``source``'s object (one more reference to its charge)."""
+
+    ctx: int
+    key: Key
+    source: Key
+    parent: Key | None
+
+
+class Removed(NamedTuple):
+    """RM_FREE: the object and its subtree are gone."""
+
+    key: Key
+
+
+class Closed(NamedTuple):
+    ctx: int
+
+
+Change = Opened | Tracked | Charged | Duped | Removed | Closed
+
+
 # --- errors ------------------------------------------------------------------
 
 
@@ -182,6 +240,7 @@ class _Node:
     ctx: int
     parent: Key | None
     charge: _Charge | None
+    gpu: int | None
     children: set[Key] = field(default_factory=set)
 
 
@@ -203,6 +262,7 @@ class Ledger:
     """Per (tenant, GPU) accounts, open contexts, live objects and reservations."""
 
     def __init__(self) -> None:
+        self.on_change: Callable[[Change], None] | None = None
         self._accounts: dict[tuple[str, int], _Account] = {}
         self._tenant_accounts: dict[str, int] = {}  # tenant -> number of accounts
         self._contexts: dict[int, _Context] = {}
@@ -256,6 +316,8 @@ class Ledger:
         if ctx in self._contexts:
             raise DuplicateContext(ctx)
         self._contexts[ctx] = _Context(tenant)
+        if self.on_change is not None:
+            self.on_change(Opened(ctx, tenant))
 
     def close(self, ctx: int) -> Freed:
         """The file was closed: cancel its reservations and free all its objects."""
@@ -269,7 +331,16 @@ class Ledger:
             if key in self._nodes:
                 self._free_subtree(key, keys, released)
         del self._contexts[ctx]
+        if self.on_change is not None:
+            self.on_change(Closed(ctx))
         return Freed(tuple(keys), tuple(released), cancelled)
+
+    def tenant_of(self, ctx: int) -> str:
+        return self._context(ctx).tenant
+
+    def contexts(self) -> dict[int, str]:
+        """Open contexts and their tenants."""
+        return {ctx: context.tenant for ctx, context in self._contexts.items()}
 
     # --- admission ---
 
@@ -312,7 +383,9 @@ class Ledger:
         r = pending.reservation
         self._account(r.tenant, r.gpu).charged += r.size
         parent = pending.parent if pending.parent in self._nodes else None
-        self._insert(r.ctx, key, parent, _Charge(r.tenant, r.gpu, r.size))
+        self._insert(r.ctx, key, parent, _Charge(r.tenant, r.gpu, r.size), None)
+        if self.on_change is not None:
+            self.on_change(Charged(r.ctx, key, parent, r.tenant, r.gpu, r.size))
 
     def release(self, reservation: Reservation) -> None:
         """The allocation failed: return the reserved bytes."""
@@ -320,22 +393,29 @@ class Ledger:
 
     # --- the object tree ---
 
-    def track(self, ctx: int, key: Key, parent: Key | None = None) -> None:
+    def track(self, ctx: int, key: Key, parent: Key | None = None,
+              gpu: int | None = None) -> None:
         """Record an uncharged object (client, device, subdevice...) so that
-        freeing it frees the charged objects below it."""
+        freeing it frees the charged objects below it; ``gpu``: the GPU it
+        names (a device or subdevice), for the allocations made under it."""
         self._check_new(ctx, key, parent)
-        self._insert(ctx, key, parent, None)
+        self._insert(ctx, key, parent, None, gpu)
+        if self.on_change is not None:
+            self.on_change(Tracked(ctx, key, parent, gpu))
 
     def dup(self, ctx: int, new_key: Key, existing_key: Key, parent: Key | None) -> None:
-        """RM_DUP_OBJECT: `new_key` is a second handle to `existing_key`'s memory.
-        One charge, counted once; it is released when its last handle is freed."""
+        """RM_DUP_OBJECT: `new_key` is a second handle to `existing_key`'s memory
+        (or device: it names the same GPU). One charge, counted once; it is
+        released when its last handle is freed."""
         existing = self._nodes.get(existing_key)
         if existing is None:
             raise UnknownKey(existing_key)
         self._check_new(ctx, new_key, parent)
         if existing.charge is not None:
             existing.charge.refs += 1
-        self._insert(ctx, new_key, parent, existing.charge)
+        self._insert(ctx, new_key, parent, existing.charge, existing.gpu)
+        if self.on_change is not None:
+            self.on_change(Duped(ctx, new_key, existing_key, parent))
 
     def free(self, key: Key) -> Freed:
         """RM_FREE of `key`: it and everything below it are gone."""
@@ -344,10 +424,73 @@ class Ledger:
         keys: list[Key] = []
         released: list[Release] = []
         self._free_subtree(key, keys, released)
+        if self.on_change is not None:
+            self.on_change(Removed(key))
         return Freed(tuple(keys), tuple(released))
 
     def __contains__(self, key: object) -> bool:
         return key in self._nodes
+
+    def gpu_of(self, key: Key) -> int | None:
+        """The GPU a tracked device or subdevice (or a dup of one) names."""
+        node = self._nodes.get(key)
+        return None if node is None else node.gpu
+
+    # --- replay ---
+
+    def apply(self, change: Change) -> None:
+        """Replay a change recorded by another ledger (LedgerError if it does
+        not fit this one; nothing changes then). A charge is restored as it
+        was, even over a limit lowered since: limits never free memory."""
+        kind = type(change)
+        if kind is Opened:
+            self.open(*change)  # type: ignore[arg-type]
+        elif kind is Tracked:
+            self.track(*change)  # type: ignore[arg-type]
+        elif kind is Charged:
+            self._restore(change)  # type: ignore[arg-type]
+        elif kind is Duped:
+            self.dup(*change)  # type: ignore[arg-type]
+        elif kind is Removed:
+            self.free(change.key)  # type: ignore[union-attr]
+        elif kind is Closed:
+            self.close(change.ctx)  # type: ignore[union-attr]
+        else:
+            raise TypeError(f"not a ledger change: {change!r}")
+
+    def _restore(self, c: Charged) -> None:
+        account = self._account(c.tenant, c.gpu)
+        if c.size < 0:
+            raise ValueError(f"negative allocation size {c.size}")
+        self._check_new(c.ctx, c.key, c.parent)
+        account.charged += c.size
+        self._insert(c.ctx, c.key, c.parent, _Charge(c.tenant, c.gpu, c.size), None)
+        if self.on_change is not None:
+            self.on_change(c)
+
+    def changes(self) -> Iterator[Change]:
+        """Changes that rebuild this ledger's contexts, objects and charges
+        (not its reservations): contexts first, then each object after its
+        parent; the first handle of a shared charge carries it, the others
+        are dups of that one."""
+        for ctx, context in sorted(self._contexts.items()):
+            yield Opened(ctx, context.tenant)
+        holders: dict[int, Key] = {}  # id(charge) -> the handle that carries it
+        nodes = self._nodes
+        stack = sorted((k for k, n in nodes.items() if n.parent is None), reverse=True)
+        while stack:
+            key = stack.pop()
+            node = nodes[key]
+            charge = node.charge
+            if charge is None:
+                yield Tracked(node.ctx, key, node.parent, node.gpu)
+            elif (holder := holders.get(id(charge))) is not None:
+                yield Duped(node.ctx, key, holder, node.parent)
+            else:
+                holders[id(charge)] = key
+                yield Charged(node.ctx, key, node.parent, charge.tenant, charge.gpu,
+                              charge.size)
+            stack.extend(sorted(node.children, reverse=True))
 
     # --- helpers ---
 
@@ -382,8 +525,9 @@ class Ledger:
         del self._pending[r.id]
         self._contexts[r.ctx].reservations.pop(r.id, None)
 
-    def _insert(self, ctx: int, key: Key, parent: Key | None, charge: _Charge | None) -> None:
-        self._nodes[key] = _Node(ctx, parent, charge)
+    def _insert(self, ctx: int, key: Key, parent: Key | None, charge: _Charge | None,
+                gpu: int | None) -> None:
+        self._nodes[key] = _Node(ctx, parent, charge, gpu)
         self._contexts[ctx].keys.add(key)
         if parent is not None:
             self._nodes[parent].children.add(key)

@@ -34,8 +34,12 @@ __all__ = [
     "RmMapMemory",
     "VidHeapAllocSize",
     "VidHeapControl",
+    "VidHeapInfo",
     "decode_call",
+    "decode_vid_heap_info",
+    "rewrite_fb_info",
     "rewrite_fb_info_v2",
+    "rewrite_vid_heap_info",
     "status_offset",
 ]
 
@@ -82,6 +86,15 @@ NVOS32 = CStruct(
     ("offset", "Q"), ("limit", "Q"), ("address", "Q"), ("rangeBegin", "Q"),
     ("rangeEnd", "Q"), ("attr2", "I"), ("ctagOffset", "I"), (None, "32x"),
 )
+# NVOS32 with its data union seen as Info (function INFO): the heap's total and
+# free, and the largest free block (offset, size), all in bytes.
+NVOS32_INFO = CStruct(
+    "NVOS32_INFO_PARAMETERS",
+    ("hRoot", "I"), ("hObjectParent", "I"), ("function", "I"), ("hVASpace", "I"),
+    ("ivcHeapNumber", "h"), (None, "2x"), ("status", "I"), ("total", "Q"), ("free", "Q"),
+    ("attr", "I"), (None, "4x"), ("offset", "Q"), ("size", "Q"), ("base", "Q"),
+    (None, "112x"),
+)
 NVOS55 = CStruct(
     "NVOS55_PARAMETERS",
     ("hClient", "I"), ("hParent", "I"), ("hObject", "I"), ("hClientSrc", "I"),
@@ -103,6 +116,8 @@ NV0080_ALLOC_PARAMETERS = CStruct(
     ("vaStartInternal", "Q"), ("vaLimitInternal", "Q"), ("vaMode", "I"), (None, "4x"),
 )
 
+# NV2080_CTRL_FB_INFO: one {index, data} entry of an FB_GET_INFO(_V2) list.
+FB_INFO_ENTRY = CStruct("NV2080_CTRL_FB_INFO", ("index", "I"), ("data", "I"))
 # NV2080_CTRL_FB_GET_INFO_PARAMS: a count and a pointer to {index, data} entries.
 NV2080_CTRL_FB_GET_INFO_PARAMS = CStruct(
     "NV2080_CTRL_FB_GET_INFO_PARAMS",
@@ -114,9 +129,9 @@ NV2080_CTRL_FB_GET_INFO_V2_PARAMS = CStruct(
     ("fbInfoListSize", "I"), ("fbInfoList", f"{2 * FB_INFO_MAX_LIST_SIZE}I"),
 )
 
-LAYOUTS = (NVOS00, NVOS21, NVOS64, NVOS54, NVOS33_WITH_FD, NVOS02_WITH_FD, NVOS32, NVOS55,
-           NV_MEMORY_ALLOCATION_PARAMS, NV0080_ALLOC_PARAMETERS, NV2080_CTRL_FB_GET_INFO_PARAMS,
-           NV2080_CTRL_FB_GET_INFO_V2_PARAMS)
+LAYOUTS = (NVOS00, NVOS21, NVOS64, NVOS54, NVOS33_WITH_FD, NVOS02_WITH_FD, NVOS32, NVOS32_INFO,
+           NVOS55, NV_MEMORY_ALLOCATION_PARAMS, NV0080_ALLOC_PARAMETERS, FB_INFO_ENTRY,
+           NV2080_CTRL_FB_GET_INFO_PARAMS, NV2080_CTRL_FB_GET_INFO_V2_PARAMS)
 
 # Where `status` lies in each params block, by (escape, params size).
 _STATUS_OFFSETS = {
@@ -343,31 +358,84 @@ def decode_call(nr: int, params: bytes, data: bytes | None = None) -> Call | Non
     return None if decoder is None else decoder(params, data)
 
 
-_FB_ENTRY = struct.Struct("=II")
+_FB_ENTRY = FB_INFO_ENTRY.struct
 _FB_V2_SIZE = NV2080_CTRL_FB_GET_INFO_V2_PARAMS.size
+_FB_V2_LIST = NV2080_CTRL_FB_GET_INFO_V2_PARAMS.offsets["fbInfoList"]
+
+
+def rewrite_fb_info(entries: bytes, values: Mapping[int, int]) -> bytes | None:
+    """A list of {index, data} entries (NV2080_CTRL_FB_INFO) with those named in
+    ``values`` set (index -> data, clamped to u32); None when nothing changes.
+
+    The same for FB_GET_INFO_V2's inline list and FB_GET_INFO's list in the
+    caller's memory.
+    """
+    if len(entries) % _FB_ENTRY.size:
+        raise DecodeError(f"FB info list of {len(entries)} bytes")
+    out: bytearray | None = None
+    for i, (index, data) in enumerate(_FB_ENTRY.iter_unpack(entries)):
+        new = values.get(index)
+        if new is not None:
+            new = min(max(new, 0), 0xFFFFFFFF)
+            if new != data:
+                if out is None:
+                    out = bytearray(entries)
+                _FB_ENTRY.pack_into(out, i * _FB_ENTRY.size, index, new)
+    return None if out is None else bytes(out)
 
 
 def rewrite_fb_info_v2(buf: bytes, values: Mapping[int, int]) -> bytes | None:
     """FB_GET_INFO_V2 params with the entries named in ``values`` set (index -> data).
 
     Entries past ``fbInfoListSize`` and indexes not in ``values`` are left as
-    they are; data is clamped to u32. None when the block does not fit the
-    layout or nothing changes (then the driver's answer stands).
+    they are. None when the block does not fit the layout or nothing changes
+    (then the driver's answer stands).
     """
     if len(buf) != _FB_V2_SIZE:
         return None
     (count,) = _U32.unpack_from(buf)
     if count > FB_INFO_MAX_LIST_SIZE:
         return None
-    out = bytearray(buf)
-    changed = False
-    for i in range(count):
-        off = 4 + 8 * i
-        index, data = _FB_ENTRY.unpack_from(buf, off)
-        new = values.get(index)
-        if new is not None:
-            new = min(max(new, 0), 0xFFFFFFFF)
-            if new != data:
-                _FB_ENTRY.pack_into(out, off, index, new)
-                changed = True
-    return bytes(out) if changed else None
+    end = _FB_V2_LIST + count * _FB_ENTRY.size
+    entries = rewrite_fb_info(buf[_FB_V2_LIST:end], values)
+    return None if entries is None else buf[:_FB_V2_LIST] + entries + buf[end:]
+
+
+class VidHeapInfo(NamedTuple):
+    """NVOS32 after function INFO: the heap's total and free, and its largest free
+    block (bytes)."""
+
+    status: int
+    total: int
+    free: int
+    attr: int
+    offset: int
+    size: int
+    base: int
+
+
+def decode_vid_heap_info(params: bytes) -> VidHeapInfo:
+    (_root, _parent, _function, _va, _ivc, status, total, free, attr, offset, size,
+     base) = NVOS32_INFO.unpack_exact(params)
+    return VidHeapInfo(status, total, free, attr, offset, size, base)
+
+
+def rewrite_vid_heap_info(params: bytes, total: int, free: int) -> bytes | None:
+    """INFO results as a tenant sees them: ``total`` and ``free`` (bytes), and a
+    largest free block no larger than ``free``. None when nothing changes or
+    the block is not an NVOS32."""
+    if len(params) != NVOS32_INFO.size:
+        return None
+    info = decode_vid_heap_info(params)
+    block = min(info.size, free)
+    if (info.total, info.free, info.size) == (total, free, block):
+        return None
+    out = bytearray(params)
+    _U64.pack_into(out, _INFO_TOTAL, total)
+    _U64.pack_into(out, _INFO_FREE, free)
+    _U64.pack_into(out, _INFO_SIZE, block)
+    return bytes(out)
+
+
+_U64 = struct.Struct("=Q")
+_INFO_TOTAL, _INFO_FREE, _INFO_SIZE = (NVOS32_INFO.offsets[f] for f in ("total", "free", "size"))
