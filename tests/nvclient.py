@@ -35,6 +35,7 @@ ESC_CHECK_VERSION_STR = 210
 ESC_IOCTL_XFER_CMD = 211
 ESC_ATTACH_GPUS_TO_FD = 212
 ESC_WAIT_OPEN_COMPLETE = 218
+ESC_NVSIM_SUBMIT_WORK = 0xF0  # nvsim-private: simulated work on a channel group
 XFER_MAX = 16384
 
 UVM_INITIALIZE = 0x30000001
@@ -81,6 +82,7 @@ FB_USABLE_RAM_SIZE = 0x20
 NVA06C_CTRL_CMD_GPFIFO_SCHEDULE = 0xA06C0101
 NVA06C_CTRL_CMD_SET_TIMESLICE = 0xA06C0103
 NVA06C_CTRL_CMD_GET_TIMESLICE = 0xA06C0104
+NVSIM_CTRL_CMD_GET_WORK_STATS = 0xA06C01F0  # nvsim-private
 
 # NVOS32 functions and flags
 NVOS32_FUNCTION_ALLOC_SIZE = 2
@@ -122,12 +124,17 @@ TSG_ALLOC = struct.Struct("<IIIIB3x")
 FB_INFO_V2_SIZE = 4 + 8 * FB_INFO_MAX
 FB_INFO = struct.Struct("<I4xQ")
 UVM_INIT = struct.Struct("<QI4x")
+SUBMIT_WORK = struct.Struct("<IIQII")  # hClient hChannelGroup workNs status reserved
+WORK_STATS = struct.Struct("<QQII")  # busyNs pendingNs bEnabled timesliceUs
+GPFIFO_SCHEDULE = struct.Struct("<BBB")  # bEnable bSkipSubmit bSkipEnable
+TIMESLICE = struct.Struct("<Q")
 
 for _s, _n in (
     (NVOS00, 16), (NVOS21, 32), (NVOS64, 48), (NVOS54, 32), (NVOS33_FD, 56),
     (NVOS34, 32), (NVOS02_FD, 56), (NVOS32_HEAD, 40), (RM_API_VERSION, 72),
     (XFER, 16), (CARD_INFO, 72), (NV0080_ALLOC, 56), (MEM_ALLOC, 128),
     (VASPACE_ALLOC, 56), (TSG_ALLOC, 20), (FB_INFO, 16), (UVM_INIT, 16),
+    (SUBMIT_WORK, 24), (WORK_STATS, 24), (GPFIFO_SCHEDULE, 3), (TIMESLICE, 8),
 ):
     assert _s.size == _n, (_s.format, _s.size, _n)
 assert NVOS32_HEAD.size + NVOS32_ALLOC.size <= NVOS32_SIZE
@@ -495,3 +502,104 @@ def map_and_mmap(ctl: int, gpu_fd: int, tree_client: int, hdevice: int, hmemory:
     m = mmap.mmap(gpu_fd, pages * mmap.PAGESIZE, mmap.MAP_SHARED,
                   mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
     return r, m
+
+
+# ---- channel groups and nvsim's work engine ----
+
+PROC_GROUPS = "/proc/driver/nvsim/groups"
+PROC_ENGINES = "/proc/driver/nvsim/engines"
+PROC_GROUPS_HEADER = "gpu client group tgid enabled timeslice_us pending_ns busy_ns"
+PROC_ENGINES_HEADER = "gpu busy_ns idle_ns switches"
+
+
+@dataclass(frozen=True)
+class WorkStats:
+    busy_ns: int
+    pending_ns: int
+    enabled: bool
+    timeslice_us: int
+
+
+@dataclass(frozen=True)
+class ProcGroup:
+    gpu: int
+    client: int
+    group: int
+    tgid: int
+    enabled: bool
+    timeslice_us: int
+    pending_ns: int
+    busy_ns: int
+
+
+@dataclass(frozen=True)
+class ProcEngine:
+    gpu: int
+    busy_ns: int
+    idle_ns: int
+    switches: int
+
+
+def alloc_channel_group(ctl: int, hclient: int, hdevice: int, handle: int = 0, **kw) -> int:
+    """A KEPLER_CHANNEL_GROUP_A under a device (its GPU is the device's)."""
+    r = rm_alloc(ctl, hclient, hdevice, handle, KEPLER_CHANNEL_GROUP_A,
+                 TSG_ALLOC.pack(0, 0, 0, 0, 0), **kw)
+    return must(r, "alloc channel group").handle
+
+
+def submit_work(ctl: int, hclient: int, hgroup: int, work_ns: int, *, reserved: int = 0,
+                xfer: bool = False) -> tuple[int, int]:
+    """NVSIM_ESC_SUBMIT_WORK; returns (errno, status)."""
+    b = cbuf(SUBMIT_WORK.pack(hclient, hgroup, work_ns, 0, reserved))
+    e = nv_ioctl(ctl, ESC_NVSIM_SUBMIT_WORK, b, xfer=xfer)
+    return e, SUBMIT_WORK.unpack(b.raw)[3]
+
+
+def work_stats(ctl: int, hclient: int, hgroup: int,
+               xfer: bool = False) -> tuple[int, int, WorkStats | None]:
+    """NVSIM_CTRL_CMD_GET_WORK_STATS; returns (errno, status, stats or None)."""
+    e, st, out = rm_control(ctl, hclient, hgroup, NVSIM_CTRL_CMD_GET_WORK_STATS,
+                            bytes(WORK_STATS.size), xfer=xfer)
+    if e or st or out is None:
+        return e, st, None
+    busy, pending, enabled, ts = WORK_STATS.unpack(out)
+    return e, st, WorkStats(busy, pending, bool(enabled), ts)
+
+
+def set_timeslice(ctl: int, hclient: int, hgroup: int, us: int) -> tuple[int, int]:
+    e, st, _ = rm_control(ctl, hclient, hgroup, NVA06C_CTRL_CMD_SET_TIMESLICE,
+                          TIMESLICE.pack(us))
+    return e, st
+
+
+def gpfifo_schedule(ctl: int, hclient: int, hgroup: int, enable: bool) -> tuple[int, int]:
+    e, st, _ = rm_control(ctl, hclient, hgroup, NVA06C_CTRL_CMD_GPFIFO_SCHEDULE,
+                          GPFIFO_SCHEDULE.pack(int(enable), 0, 0))
+    return e, st
+
+
+def _proc_rows(path: str, header: str) -> list[list[int]]:
+    """Rows of integers (handles in 0x hex) after the exact header line."""
+    with open(path) as f:
+        lines = f.read().splitlines()
+    if not lines or lines[0] != header:
+        raise ValueError(f"{path}: header {lines[:1]!r}, want {header!r}")
+    width = len(header.split(" "))
+    rows = []
+    for line in lines[1:]:
+        fields = line.split(" ")
+        if len(fields) != width:
+            raise ValueError(f"{path}: bad line {line!r}")
+        rows.append([int(x, 0) for x in fields])
+    return rows
+
+
+def proc_groups() -> list[ProcGroup]:
+    """/proc/driver/nvsim/groups, one entry per channel group."""
+    return [ProcGroup(r[0], r[1], r[2], r[3], bool(r[4]), r[5], r[6], r[7])
+            for r in _proc_rows(PROC_GROUPS, PROC_GROUPS_HEADER)]
+
+
+def proc_engines() -> list[ProcEngine]:
+    """/proc/driver/nvsim/engines, one entry per GPU."""
+    return [ProcEngine(*r) for r in _proc_rows(PROC_ENGINES, PROC_ENGINES_HEADER)]

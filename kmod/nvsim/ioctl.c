@@ -12,7 +12,9 @@
  *    does, so a rejected version check returns the driver's string);
  *  - an RM escape that reaches the RM returns 0 and its outcome in the
  *    struct's status field; escapes used on the wrong kind of node
- *    (e.g. RM_ALLOC on nvidiaN) are -EINVAL.
+ *    (e.g. RM_ALLOC on nvidiaN) are -EINVAL;
+ *  - NVSIM_ESC_SUBMIT_WORK (0xf0) is nvsim's own, on nvidiactl only, and
+ *    behaves as an RM escape (exact size, status in params).
  */
 #include <linux/file.h>
 #include <linux/fs.h>
@@ -48,6 +50,7 @@ static const struct nvsim_escape nvsim_escapes[] = {
 	{ NV_ESC_IOCTL_XFER_CMD, sizeof(struct nv_ioctl_xfer), 0 },
 	{ NV_ESC_ATTACH_GPUS_TO_FD, sizeof(u32), NVSIM_SIZE_ARRAY },
 	{ NV_ESC_WAIT_OPEN_COMPLETE, sizeof(struct nv_wait_open_complete), 0 },
+	{ NVSIM_ESC_SUBMIT_WORK, sizeof(struct nvsim_submit_work), 0 },
 };
 
 static bool nvsim_size_ok(u32 nr, u32 size)
@@ -208,6 +211,8 @@ static int nvsim_dispatch(struct file *file, u32 nr, void *buf, u32 size)
 		return ctl ? nvsim_rm_map_memory(nf, buf) : -EINVAL;
 	case NV_ESC_RM_UNMAP_MEMORY:
 		return ctl ? nvsim_rm_unmap_memory(nf, buf) : -EINVAL;
+	case NVSIM_ESC_SUBMIT_WORK:
+		return ctl ? nvsim_submit_work(nf, buf) : -EINVAL;
 	case NV_ESC_RM_ALLOC_MEMORY:
 		return nf->kind == NVSIM_FILE_GPU ?
 			nvsim_rm_alloc_memory(nf, buf) : -EINVAL;

@@ -15,6 +15,7 @@
 #include <linux/fs.h>
 #include <linux/kdev_t.h>
 #include <linux/module.h>
+#include <linux/sched.h>
 #include <linux/slab.h>
 #include <linux/sysfs.h>
 #include <linux/stddef.h>
@@ -90,6 +91,7 @@ static int nvsim_open(struct inode *inode, struct file *file)
 	if (!nf)
 		return -ENOMEM;
 	INIT_LIST_HEAD(&nf->clients);
+	nf->tgid = task_tgid_nr(current);
 	if (minor == NVSIM_MINOR_CTL) {
 		nf->kind = NVSIM_FILE_CTL;
 	} else if (minor == NVSIM_MINOR_UVM) {
@@ -181,6 +183,11 @@ static void __init nvsim_abi_check(void)
 	BUILD_BUG_ON(sizeof(struct nva06c_gpfifo_schedule_params) != 3);
 	BUILD_BUG_ON(sizeof(struct nva06c_timeslice_params) != 8);
 	BUILD_BUG_ON(sizeof(struct uvm_initialize_params) != 16);
+	BUILD_BUG_ON(sizeof(struct nvsim_submit_work) != 24);
+	BUILD_BUG_ON(offsetof(struct nvsim_submit_work, work_ns) != 8);
+	BUILD_BUG_ON(offsetof(struct nvsim_submit_work, status) != 16);
+	BUILD_BUG_ON(sizeof(struct nvsim_work_stats_params) != 24);
+	BUILD_BUG_ON(offsetof(struct nvsim_work_stats_params, b_enabled) != 16);
 }
 
 static int __init nvsim_create_nodes(void)
@@ -239,9 +246,13 @@ static int __init nvsim_init(void)
 	if (ret)
 		return ret;
 
-	ret = alloc_chrdev_region(&nvsim_devt, 0, NVSIM_MINORS, "nvsim");
+	ret = nvsim_engine_init();
 	if (ret)
 		goto err_store;
+
+	ret = alloc_chrdev_region(&nvsim_devt, 0, NVSIM_MINORS, "nvsim");
+	if (ret)
+		goto err_engine;
 
 	cdev_init(&nvsim_cdev, &nvsim_fops);
 	nvsim_cdev.owner = THIS_MODULE;
@@ -271,6 +282,8 @@ err_cdev:
 	cdev_del(&nvsim_cdev);
 err_region:
 	unregister_chrdev_region(nvsim_devt, NVSIM_MINORS);
+err_engine:
+	nvsim_engine_exit();
 err_store:
 	nvsim_store_exit();
 	return ret;
@@ -282,6 +295,7 @@ static void __exit nvsim_exit(void)
 	class_destroy(nvsim_class);
 	cdev_del(&nvsim_cdev);
 	unregister_chrdev_region(nvsim_devt, NVSIM_MINORS);
+	nvsim_engine_exit();
 	nvsim_store_exit();
 }
 

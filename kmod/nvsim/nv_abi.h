@@ -404,6 +404,29 @@ struct nva06c_timeslice_params {
 	u64 timeslice_us;
 };
 
+/*
+ * nvsim-private (not NVIDIA's): simulated work on a channel group.
+ * NVSIM_ESC_SUBMIT_WORK on nvidiactl queues work_ns of GPU time on
+ * hChannelGroup; GET_WORK_STATS (on a channel group) reads its counters.
+ */
+#define NVSIM_ESC_SUBMIT_WORK			0xf0
+#define NVSIM_CTRL_CMD_GET_WORK_STATS		0xa06c01f0
+
+struct nvsim_submit_work {
+	u32 h_client;
+	u32 h_channel_group;
+	u64 work_ns;
+	u32 status;
+	u32 reserved;
+};
+
+struct nvsim_work_stats_params {
+	u64 busy_ns;
+	u64 pending_ns;
+	u32 b_enabled;
+	u32 timeslice_us;
+};
+
 /* nvidia-uvm. */
 struct uvm_initialize_params {
 	u64 flags;

@@ -11,6 +11,9 @@
  *   A backing store (mmap.c) has no lock of its own: its pages live in an
  *   xarray filled with xa_cmpxchg from the fault handler, and its lifetime
  *   is a kref held by the memory object, by mmap contexts and by VMAs.
+ *   Each GPU's work engine (engine.c) has a spinlock for its run queue and
+ *   the engine state of its channel groups (struct nvsim_group); it nests
+ *   inside nvsim_lock and is the only lock its kthread takes.
  */
 #ifndef NVSIM_H
 #define NVSIM_H
@@ -85,6 +88,7 @@ struct nvsim_file {
 	bool attached;			/* ATTACH_GPUS_TO_FD done; nvsim_lock */
 	bool uvm_initialized;		/* nvsim_lock */
 	u64 uvm_flags;
+	pid_t tgid;			/* the opener */
 };
 
 enum nvsim_obj_kind {
@@ -98,6 +102,24 @@ enum nvsim_obj_kind {
 };
 
 struct nvsim_client;
+struct nvsim_engine;
+
+/*
+ * A channel group's engine state.  The handles and tgid are fixed when it
+ * is added; the rest is under its engine's lock (engine.c).
+ */
+struct nvsim_group {
+	struct nvsim_engine *eng;
+	struct list_head node;		/* on the engine's run queue */
+	u32 hclient;
+	u32 hgroup;
+	pid_t tgid;			/* opener of the owning nvidiactl */
+	bool enabled;			/* GPFIFO_SCHEDULE */
+	u64 timeslice_us;		/* SET_TIMESLICE */
+	u64 pending_ns;			/* work submitted, not yet run */
+	u64 busy_ns;			/* work run */
+	u64 debt_ns;			/* slice overrun owed */
+};
 
 /*
  * The memory behind one memory object and its duplicates (RM_DUP_OBJECT);
@@ -128,10 +150,7 @@ struct nvsim_obj {
 			struct nvsim_mem *m;	/* shared by duplicates */
 			struct list_head cpumaps;
 		} mem;
-		struct {
-			u64 timeslice_us;
-			bool enabled;
-		} tsg;
+		struct nvsim_group tsg;
 	};
 };
 
@@ -166,7 +185,20 @@ int nvsim_rm_vid_heap(struct nvsim_file *nf, struct nvos32 *p);
 int nvsim_rm_map_memory(struct nvsim_file *nf, struct nvos33_with_fd *p);
 int nvsim_rm_unmap_memory(struct nvsim_file *nf, struct nvos34 *p);
 int nvsim_rm_dup_object(struct nvsim_file *nf, struct nvos55 *p);
+int nvsim_submit_work(struct nvsim_file *nf, struct nvsim_submit_work *p);
 void nvsim_file_free_clients(struct nvsim_file *nf);
+
+/* engine.c */
+int nvsim_engine_init(void);
+void nvsim_engine_exit(void);
+void nvsim_group_add(struct nvsim_group *g, const struct nvsim_gpu *gpu,
+		     u32 hclient, u32 hgroup, pid_t tgid);
+void nvsim_group_remove(struct nvsim_group *g);
+void nvsim_group_set_enabled(struct nvsim_group *g, bool enabled);
+void nvsim_group_set_timeslice(struct nvsim_group *g, u64 us);
+u64 nvsim_group_timeslice(struct nvsim_group *g);
+u32 nvsim_group_submit(struct nvsim_group *g, u64 ns);
+void nvsim_group_stats(struct nvsim_group *g, struct nvsim_work_stats_params *p);
 
 /* mmap.c */
 int nvsim_store_init(void);

@@ -208,6 +208,8 @@ static void nvsim_obj_free(struct nvsim_obj *obj)
 	xa_erase(&c->objects, obj->handle);
 	c->owner->nobjs--;
 
+	if (obj->kind == NVSIM_OBJ_TSG)
+		nvsim_group_remove(&obj->tsg);
 	if (nvsim_is_memory(obj)) {
 		list_for_each_entry_safe(map, mtmp, &obj->mem.cpumaps, node) {
 			list_del(&map->node);
@@ -409,8 +411,10 @@ static u32 nvsim_alloc_locked(struct nvsim_file *nf, u32 hroot, u32 hparent,
 			return st;
 		st = nvsim_obj_new(c, parent, handle, cls->hclass, cls->kind,
 				   &obj);
+		/* A new channel group is scheduled on, as the driver's. */
 		if (!st && cls->kind == NVSIM_OBJ_TSG)
-			obj->tsg.timeslice_us = NVA06C_DEFAULT_TIMESLICE_US;
+			nvsim_group_add(&obj->tsg, obj->gpu, c->root.handle,
+					*handle, c->owner->tgid);
 		return st;
 	default:
 		return NV_ERR_INVALID_CLASS;
@@ -533,6 +537,34 @@ int nvsim_rm_dup_object(struct nvsim_file *nf, struct nvos55 *p)
 	return 0;
 }
 
+/*
+ * NVSIM_ESC_SUBMIT_WORK: queues simulated work on a channel group of a
+ * client usable through this file (engine.c runs it).  reserved must be 0.
+ */
+static u32 nvsim_submit_locked(struct nvsim_file *nf, struct nvsim_submit_work *p)
+{
+	struct nvsim_client *c;
+	struct nvsim_obj *obj;
+
+	if (p->reserved)
+		return NV_ERR_INVALID_ARGUMENT;
+	c = nvsim_client_get(nf, p->h_client);
+	if (!c)
+		return NV_ERR_INVALID_CLIENT;
+	obj = nvsim_obj_get(c, p->h_channel_group);
+	if (!obj || obj->kind != NVSIM_OBJ_TSG)
+		return NV_ERR_INVALID_OBJECT_HANDLE;
+	return nvsim_group_submit(&obj->tsg, p->work_ns);
+}
+
+int nvsim_submit_work(struct nvsim_file *nf, struct nvsim_submit_work *p)
+{
+	mutex_lock(&nvsim_lock);
+	p->status = nvsim_submit_locked(nf, p);
+	mutex_unlock(&nvsim_lock);
+	return 0;
+}
+
 /* ---- controls ---- */
 
 struct nvsim_ctrl {
@@ -552,6 +584,8 @@ static const struct nvsim_ctrl nvsim_ctrls[] = {
 	  sizeof(struct nva06c_timeslice_params) },
 	{ NVA06C_CTRL_CMD_GET_TIMESLICE, NVSIM_OBJ_TSG,
 	  sizeof(struct nva06c_timeslice_params) },
+	{ NVSIM_CTRL_CMD_GET_WORK_STATS, NVSIM_OBJ_TSG,
+	  sizeof(struct nvsim_work_stats_params) },
 };
 
 static u32 nvsim_ctrl_target(struct nvsim_file *nf, const struct nvos54 *p,
@@ -608,15 +642,18 @@ static u32 nvsim_ctrl_run(struct nvsim_obj *obj, u32 cmd, void *prm,
 	case NV2080_CTRL_CMD_FB_GET_INFO_V2:
 		return nvsim_fb_info(obj->gpu, fb2->list, fb2->list_size);
 	case NVA06C_CTRL_CMD_GPFIFO_SCHEDULE:
-		obj->tsg.enabled = !!sched->b_enable;
+		nvsim_group_set_enabled(&obj->tsg, !!sched->b_enable);
 		return NV_OK;
 	case NVA06C_CTRL_CMD_SET_TIMESLICE:
 		if (!ts->timeslice_us)
 			return NV_ERR_INVALID_ARGUMENT;
-		obj->tsg.timeslice_us = ts->timeslice_us;
+		nvsim_group_set_timeslice(&obj->tsg, ts->timeslice_us);
 		return NV_OK;
 	case NVA06C_CTRL_CMD_GET_TIMESLICE:
-		ts->timeslice_us = obj->tsg.timeslice_us;
+		ts->timeslice_us = nvsim_group_timeslice(&obj->tsg);
+		return NV_OK;
+	case NVSIM_CTRL_CMD_GET_WORK_STATS:
+		nvsim_group_stats(&obj->tsg, prm);
 		return NV_OK;
 	default:
 		return NV_ERR_NOT_SUPPORTED;

@@ -1,0 +1,417 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * nvsim work engine: channel groups execute simulated work.
+ *
+ * Each GPU has one engine, a kthread that runs one channel group at a time.
+ * A group is runnable while it is enabled (GPFIFO_SCHEDULE) and has pending
+ * work (NVSIM_ESC_SUBMIT_WORK).  The engine takes the first runnable group
+ * of its list, "runs" it by sleeping on an absolute hrtimer until its time
+ * slice ends or its pending work would be done, then moves it to the tail
+ * of the list (round robin).  Disabling or freeing the running group
+ * preempts it at once: the caller ends its slice, starts the next runnable
+ * group and wakes the kthread to sleep to that group's deadline.  Work
+ * submitted to an idle engine starts the same way, at the submission.
+ *
+ * Accounting is measured ktime: every change of state first charges the
+ * time since the engine's last mark, to the running group (busy, taken
+ * from its pending work) or to idle.  Readers charge too, so counters are
+ * exact at the moment they are read, and per engine busy + idle is the
+ * time since load.  A slice that overruns its end (timer latency, a
+ * stalled CPU) is charged in full and the overrun is owed: it shortens the
+ * group's next slices, a whole turn being skipped for each slice owed (up
+ * to NVSIM_MAX_DEBT_SLICES), so shares follow the time slices on average.
+ *
+ * Lifetimes: a group lives in its TSG object (nvsim_obj.tsg).  The object
+ * is freed under nvsim_lock after nvsim_group_remove() has taken the group
+ * off its engine under the engine's lock (and out of eng->running and
+ * eng->last).  The kthread keeps no group across a sleep: each time it
+ * wakes it charges and picks again from eng->running and the list, under
+ * the lock, so a freed group is never seen again.  Every group is gone
+ * before module exit (each belongs to a client of an open file); the
+ * kthreads stop there.
+ */
+#include <linux/hrtimer.h>
+#include <linux/kthread.h>
+#include <linux/ktime.h>
+#include <linux/list.h>
+#include <linux/minmax.h>
+#include <linux/proc_fs.h>
+#include <linux/sched.h>
+#include <linux/seq_file.h>
+#include <linux/spinlock.h>
+
+#include "nvsim.h"
+
+/* Pending work per group is capped: a submission past it is refused. */
+#define NVSIM_MAX_PENDING_NS	(10 * NSEC_PER_SEC)
+/* Longest slice the engine honours (SET_TIMESLICE takes any u64). */
+#define NVSIM_MAX_SLICE_US	(10 * USEC_PER_SEC)
+/* Overrun a group may owe, in slices (it bounds the skips of one pick). */
+#define NVSIM_MAX_DEBT_SLICES	8
+
+#define NVSIM_PROC_DIR		"driver/nvsim"
+
+/*
+ * One GPU's engine.  @lock protects everything below it and, for each
+ * group on @groups, the group's node, enabled, timeslice_us, pending_ns,
+ * busy_ns and debt_ns.  It is a spinlock, taken from process context only
+ * (ioctls, proc reads, the kthread), never held while sleeping; it nests
+ * inside nvsim_lock.
+ */
+struct nvsim_engine {
+	struct task_struct *task;
+	spinlock_t lock;		/* see above */
+	struct list_head groups;	/* round robin order */
+	struct nvsim_group *running;	/* NULL: idle */
+	struct nvsim_group *last;	/* last group run; for switches */
+	ktime_t mark;			/* time charged up to */
+	ktime_t slice_end;		/* of the running group */
+	bool kick;			/* the kthread must pick again */
+	u64 busy_ns;
+	u64 idle_ns;
+	u64 switches;
+};
+
+static struct nvsim_engine nvsim_engines[NVSIM_MAX_GPUS];
+
+static bool nvsim_group_runnable(const struct nvsim_group *g)
+{
+	return g->enabled && g->pending_ns;
+}
+
+static u64 nvsim_group_slice_ns(const struct nvsim_group *g)
+{
+	return min_t(u64, g->timeslice_us, NVSIM_MAX_SLICE_US) * NSEC_PER_USEC;
+}
+
+/* Charges the time since eng->mark; eng->lock. */
+static void nvsim_engine_charge(struct nvsim_engine *eng)
+{
+	ktime_t now = ktime_get();
+	struct nvsim_group *g = eng->running;
+	u64 delta = 0, work = 0;
+
+	if (ktime_after(now, eng->mark))
+		delta = ktime_to_ns(ktime_sub(now, eng->mark));
+	eng->mark = now;
+	if (g) {
+		work = min(delta, g->pending_ns);
+		g->pending_ns -= work;
+		g->busy_ns += work;
+	}
+	eng->busy_ns += work;
+	eng->idle_ns += delta - work;
+}
+
+/* Asks the kthread to pick again; eng->lock. */
+static void nvsim_engine_kick(struct nvsim_engine *eng)
+{
+	WRITE_ONCE(eng->kick, true);
+	wake_up_process(eng->task);
+}
+
+static struct nvsim_group *nvsim_engine_first_runnable(struct nvsim_engine *eng)
+{
+	struct nvsim_group *g;
+
+	list_for_each_entry(g, &eng->groups, node)
+		if (nvsim_group_runnable(g))
+			return g;
+	return NULL;
+}
+
+/*
+ * The group to run from now, charged up to now, and until when; NULL when
+ * none is runnable.  The running group keeps the rest of its slice while
+ * it has work; otherwise the next runnable group in list order starts a
+ * new slice.  eng->lock.
+ */
+static struct nvsim_group *nvsim_engine_pick(struct nvsim_engine *eng,
+					     ktime_t *until)
+{
+	struct nvsim_group *g = eng->running;
+	ktime_t now = eng->mark;
+	u64 slice;
+
+	if (g) {
+		if (nvsim_group_runnable(g) && ktime_before(now, eng->slice_end))
+			goto run;
+		if (!ktime_before(now, eng->slice_end))
+			g->debt_ns += ktime_to_ns(ktime_sub(now, eng->slice_end));
+		list_move_tail(&g->node, &eng->groups);
+		eng->running = NULL;
+	}
+
+	/* Each pass skips a turn and pays a slice of debt: it ends. */
+	for (;;) {
+		g = nvsim_engine_first_runnable(eng);
+		if (!g)
+			return NULL;
+		slice = nvsim_group_slice_ns(g);
+		g->debt_ns = min(g->debt_ns, NVSIM_MAX_DEBT_SLICES * slice);
+		if (g->debt_ns < slice)
+			break;
+		g->debt_ns -= slice;
+		list_move_tail(&g->node, &eng->groups);
+	}
+
+	if (g != eng->last)
+		eng->switches++;
+	eng->last = g;
+	eng->running = g;
+	eng->slice_end = ktime_add_ns(now, slice - g->debt_ns);
+	g->debt_ns = 0;
+run:
+	*until = ktime_add_ns(now, g->pending_ns);
+	if (ktime_before(eng->slice_end, *until))
+		*until = eng->slice_end;
+	return g;
+}
+
+/*
+ * Starts the next runnable group when none runs, and has the kthread sleep
+ * to its deadline.  eng->lock, charged.
+ */
+static void nvsim_engine_resched(struct nvsim_engine *eng)
+{
+	ktime_t until;
+
+	if (!eng->running && nvsim_engine_pick(eng, &until))
+		nvsim_engine_kick(eng);
+}
+
+/* Sleeps until @until (NULL: no limit), a kick or kthread_stop(). */
+static void nvsim_engine_sleep(struct nvsim_engine *eng, ktime_t *until)
+{
+	for (;;) {
+		set_current_state(TASK_INTERRUPTIBLE);
+		if (READ_ONCE(eng->kick) || kthread_should_stop())
+			break;
+		if (!until)
+			schedule();
+		else if (!schedule_hrtimeout_range(until, 0, HRTIMER_MODE_ABS))
+			break;
+	}
+	__set_current_state(TASK_RUNNING);
+}
+
+static int nvsim_engine_thread(void *data)
+{
+	struct nvsim_engine *eng = data;
+	struct nvsim_group *g;
+	ktime_t until;
+
+	while (!kthread_should_stop()) {
+		spin_lock(&eng->lock);
+		nvsim_engine_charge(eng);
+		WRITE_ONCE(eng->kick, false);
+		g = nvsim_engine_pick(eng, &until);
+		spin_unlock(&eng->lock);
+		nvsim_engine_sleep(eng, g ? &until : NULL);
+	}
+	return 0;
+}
+
+/* ---- channel groups (called under nvsim_lock) ---- */
+
+void nvsim_group_add(struct nvsim_group *g, const struct nvsim_gpu *gpu,
+		     u32 hclient, u32 hgroup, pid_t tgid)
+{
+	struct nvsim_engine *eng = &nvsim_engines[gpu->index];
+
+	g->eng = eng;
+	g->hclient = hclient;
+	g->hgroup = hgroup;
+	g->tgid = tgid;
+	g->enabled = true;
+	g->timeslice_us = NVA06C_DEFAULT_TIMESLICE_US;
+	g->pending_ns = 0;
+	g->busy_ns = 0;
+	g->debt_ns = 0;
+	spin_lock(&eng->lock);
+	list_add_tail(&g->node, &eng->groups);
+	spin_unlock(&eng->lock);
+}
+
+/* Takes the group off its engine; after this the engine never sees it. */
+void nvsim_group_remove(struct nvsim_group *g)
+{
+	struct nvsim_engine *eng = g->eng;
+
+	spin_lock(&eng->lock);
+	nvsim_engine_charge(eng);
+	list_del(&g->node);
+	if (eng->last == g)
+		eng->last = NULL;
+	if (eng->running == g) {
+		eng->running = NULL;
+		nvsim_engine_resched(eng);
+	}
+	spin_unlock(&eng->lock);
+}
+
+void nvsim_group_set_enabled(struct nvsim_group *g, bool enabled)
+{
+	struct nvsim_engine *eng = g->eng;
+
+	spin_lock(&eng->lock);
+	nvsim_engine_charge(eng);
+	g->enabled = enabled;
+	if (eng->running == g && !enabled) {
+		list_move_tail(&g->node, &eng->groups);
+		eng->running = NULL;
+	}
+	nvsim_engine_resched(eng);
+	spin_unlock(&eng->lock);
+}
+
+/* Takes effect at the group's next slice. */
+void nvsim_group_set_timeslice(struct nvsim_group *g, u64 us)
+{
+	spin_lock(&g->eng->lock);
+	g->timeslice_us = us;
+	spin_unlock(&g->eng->lock);
+}
+
+u64 nvsim_group_timeslice(struct nvsim_group *g)
+{
+	u64 us;
+
+	spin_lock(&g->eng->lock);
+	us = g->timeslice_us;
+	spin_unlock(&g->eng->lock);
+	return us;
+}
+
+/*
+ * Queues @ns of work.  Zero is an invalid argument; pending work past
+ * NVSIM_MAX_PENDING_NS is refused whole with NV_ERR_INSUFFICIENT_RESOURCES.
+ */
+u32 nvsim_group_submit(struct nvsim_group *g, u64 ns)
+{
+	struct nvsim_engine *eng = g->eng;
+	u32 st = NV_OK;
+
+	if (!ns)
+		return NV_ERR_INVALID_ARGUMENT;
+	spin_lock(&eng->lock);
+	nvsim_engine_charge(eng);
+	if (ns > NVSIM_MAX_PENDING_NS - g->pending_ns) {
+		st = NV_ERR_INSUFFICIENT_RESOURCES;
+	} else {
+		g->pending_ns += ns;
+		nvsim_engine_resched(eng);
+	}
+	spin_unlock(&eng->lock);
+	return st;
+}
+
+void nvsim_group_stats(struct nvsim_group *g, struct nvsim_work_stats_params *p)
+{
+	struct nvsim_engine *eng = g->eng;
+
+	spin_lock(&eng->lock);
+	nvsim_engine_charge(eng);
+	p->busy_ns = g->busy_ns;
+	p->pending_ns = g->pending_ns;
+	p->b_enabled = g->enabled;
+	p->timeslice_us = min_t(u64, g->timeslice_us, U32_MAX);
+	spin_unlock(&eng->lock);
+}
+
+/* ---- /proc/driver/nvsim ---- */
+
+static int nvsim_groups_show(struct seq_file *m, void *v)
+{
+	struct nvsim_group *g;
+	unsigned int i;
+
+	seq_puts(m, "gpu client group tgid enabled timeslice_us pending_ns busy_ns\n");
+	for (i = 0; i < nvsim_ngpus; i++) {
+		struct nvsim_engine *eng = &nvsim_engines[i];
+
+		spin_lock(&eng->lock);
+		nvsim_engine_charge(eng);
+		list_for_each_entry(g, &eng->groups, node)
+			seq_printf(m, "%u 0x%x 0x%x %d %d %llu %llu %llu\n", i,
+				   g->hclient, g->hgroup, g->tgid, g->enabled,
+				   g->timeslice_us, g->pending_ns, g->busy_ns);
+		spin_unlock(&eng->lock);
+	}
+	return 0;
+}
+
+static int nvsim_engines_show(struct seq_file *m, void *v)
+{
+	unsigned int i;
+
+	seq_puts(m, "gpu busy_ns idle_ns switches\n");
+	for (i = 0; i < nvsim_ngpus; i++) {
+		struct nvsim_engine *eng = &nvsim_engines[i];
+
+		spin_lock(&eng->lock);
+		nvsim_engine_charge(eng);
+		seq_printf(m, "%u %llu %llu %llu\n", i, eng->busy_ns,
+			   eng->idle_ns, eng->switches);
+		spin_unlock(&eng->lock);
+	}
+	return 0;
+}
+
+/* ---- module ---- */
+
+/* Stops the first @n kthreads. */
+static void nvsim_engine_stop(unsigned int n)
+{
+	while (n--)
+		kthread_stop(nvsim_engines[n].task);
+}
+
+int nvsim_engine_init(void)
+{
+	struct proc_dir_entry *dir;
+	unsigned int i;
+	int ret;
+
+	for (i = 0; i < nvsim_ngpus; i++) {
+		struct nvsim_engine *eng = &nvsim_engines[i];
+
+		spin_lock_init(&eng->lock);
+		INIT_LIST_HEAD(&eng->groups);
+		eng->mark = ktime_get();
+		eng->task = kthread_create(nvsim_engine_thread, eng,
+					   "nvsim-engine/%u", i);
+		if (IS_ERR(eng->task)) {
+			ret = PTR_ERR(eng->task);
+			goto err_threads;
+		}
+		/* Hardware does not wait for the CPU: slices end on time. */
+		sched_set_fifo_low(eng->task);
+		wake_up_process(eng->task);
+	}
+
+	dir = proc_mkdir(NVSIM_PROC_DIR, NULL);
+	if (!dir) {
+		ret = -ENOMEM;
+		goto err_threads;
+	}
+	if (!proc_create_single("groups", 0444, dir, nvsim_groups_show) ||
+	    !proc_create_single("engines", 0444, dir, nvsim_engines_show)) {
+		ret = -ENOMEM;
+		goto err_proc;
+	}
+	return 0;
+
+err_proc:
+	remove_proc_subtree(NVSIM_PROC_DIR, NULL);
+err_threads:
+	nvsim_engine_stop(i);
+	return ret;
+}
+
+/* At module exit: every file is closed, so every group is gone. */
+void nvsim_engine_exit(void)
+{
+	remove_proc_subtree(NVSIM_PROC_DIR, NULL);
+	nvsim_engine_stop(nvsim_ngpus);
+}
