@@ -19,12 +19,14 @@ import asyncio
 import json
 import re
 from collections.abc import Awaitable, Callable
+from contextlib import suppress
 from dataclasses import asdict
 from typing import Any, NoReturn, TypeVar
 
 import click
 from dbus_fast import DBusError, Variant
 from rich.console import Console
+from rich.live import Live
 from rich.table import Table
 
 from vgpud.admin.client import AdminClient, DaemonUnavailable
@@ -302,6 +304,62 @@ def tenant_set(name: str, memory: str | None, weight: int | None, cap: int | Non
     if not options:
         raise click.UsageError("nothing to set: give --memory, --weight, --cap or --priority")
     _call("UpdateTenant", "sa{sv}", name, options)
+
+
+def _top_rows(tenants: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per tenant and GPU it may use."""
+    return [
+        {"tenant": t["name"], "gpu": gpu, "memory_used": t["memory_used"].get(gpu, 0),
+         "memory_limit": t["memory_limit_bytes"].get(gpu, 0), "weight": t["weight"],
+         "cap": t["cap"], "priority": t["priority"], "share": t["share"].get(gpu, 0.0),
+         "measured_share": t["measured_share"].get(gpu)}
+        for t in tenants for gpu in t["gpus"]
+    ]
+
+
+def _top_table(rows: list[dict[str, Any]], title: str) -> Table:
+    table = Table("TENANT", "GPU", "MEMORY USED / LIMIT", "WEIGHT", "CAP", "PRIORITY",
+                  "SHARE", "MEASURED", title=title)
+    for r in rows:
+        measured = r["measured_share"]
+        table.add_row(
+            r["tenant"], str(r["gpu"]), f"{_size(r['memory_used'])} / {_size(r['memory_limit'])}",
+            str(r["weight"]), f"{r['cap']}%" if r["cap"] else "-", r["priority"],
+            f"{r['share']:.1f}%", "-" if measured is None else f"{measured:.1f}%",
+        )
+    return table
+
+
+@main.command()
+@click.option("--once", is_flag=True, help="Print the table once and exit.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON list of rows (tenant, GPU) and exit.")
+@click.option("--interval", type=click.FloatRange(0.2, 60), default=1.0, show_default=True,
+              help="Seconds between refreshes.")
+def top(once: bool, as_json: bool, interval: float) -> None:
+    """Tenants live, per GPU: memory, weight, cap, priority, target and measured share.
+
+    SHARE is the share of GPU time the scheduler gives the tenant now (0 while
+    it has no work there); MEASURED the share it got over the last second.
+    """
+    if as_json or once:
+        rows = _top_rows(_daemon(_tenants))
+        if as_json:
+            _echo_json(rows)
+        else:
+            Console().print(_top_table(rows, "tenants"))
+        return
+
+    async def live(client: AdminClient) -> None:
+        title = f"tenants (every {interval:g} s; Ctrl-C quits)"
+        with Live(_top_table([], title), auto_refresh=False) as screen:
+            while True:
+                screen.update(_top_table(_top_rows(await _tenants(client)), title),
+                              refresh=True)
+                await asyncio.sleep(interval)
+
+    with suppress(KeyboardInterrupt):
+        _daemon(live)
 
 
 @main.command()

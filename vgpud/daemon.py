@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from vgpud.admin.dbus import AdminService
     from vgpud.journal import ChargeJournal
     from vgpud.manager import Manager
+    from vgpud.sched.service import SchedulerService
 
 __all__ = ["Counters", "Daemon", "Dispatcher", "Notifier", "main"]
 
@@ -237,7 +238,8 @@ class AdminUnavailable(Exception):
 
 
 class Admin:
-    """The admin side of a quota daemon: the Manager, served on D-Bus.
+    """The admin side of a quota daemon: the Manager, served on D-Bus, and the
+    TDMA scheduler that follows it (vgpud.sched).
 
     ``dbus``: "off" (--no-dbus), "try" (an unreachable bus is a warning) or
     "require" (--require-dbus: the daemon does not start without it).
@@ -245,12 +247,14 @@ class Admin:
 
     def __init__(self, manager: Manager, dbus: str = "try", *,
                  journal: ChargeJournal | None = None,
-                 reconcile: Callable[[list[uapi.Context]], None] | None = None) -> None:
+                 reconcile: Callable[[list[uapi.Context]], None] | None = None,
+                 scheduler: SchedulerService | None = None) -> None:
         """``journal``: the charge journal (closed with the admin side);
         ``reconcile``: told the live contexts after registration, when charges
-        of contexts were restored from it."""
+        of contexts were restored from it; ``scheduler``: the TDMA scheduler."""
         self.manager = manager
         self.dbus = dbus
+        self.scheduler = scheduler
         self.service: AdminService | None = None
         self._bus: MessageBus | None = None
         self._journal = journal
@@ -280,7 +284,7 @@ class Admin:
         bus = None
         try:
             bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
-            service = AdminService(self.manager, bus)
+            service = AdminService(self.manager, bus, self.scheduler)
             await service.start()
         except Exception as exc:
             if bus is not None:
@@ -292,6 +296,16 @@ class Admin:
             return
         self._bus, self.service = bus, service
         log.info("admin API %s on the system bus", BUS_NAME)
+
+    def start_scheduling(self, channel: GenlChannel) -> None:
+        if self.scheduler is not None:
+            from vgpud.sched.actuator import ModuleActuator
+
+            self.scheduler.start(ModuleActuator(channel))
+
+    async def stop_scheduling(self) -> None:
+        if self.scheduler is not None:
+            await self.scheduler.stop()
 
     def reload(self) -> None:
         """SIGHUP: re-read the config; a bad one keeps the last good one."""
@@ -379,6 +393,8 @@ class Daemon:
                 return EX_UNAVAILABLE
             finally:
                 self._startup = None
+            if self.admin is not None:
+                self.admin.start_scheduling(self.channel)
             await self._run(self.channel)
             await self._stop(self.channel)
             return 1 if self._force else 0
@@ -426,6 +442,8 @@ class Daemon:
 
     async def _stop(self, channel: GenlChannel) -> None:
         self._notifier.notify("STOPPING=1")
+        if self.admin is not None:
+            await self.admin.stop_scheduling()  # groups back on while the channel is up
         if not self._force:
             self._drain = asyncio.create_task(self._drain_channel(channel))
             try:
@@ -481,8 +499,8 @@ class StartupError(Exception):
 
 
 def build_quota(config_path: Path, dbus: str, inventory=None) -> tuple[Policy, Admin]:
-    """Config, state, inventory, Manager, Ledger (with the charges of the journal)
-    and QuotaPolicy; StartupError on bad files."""
+    """Config, state, inventory, Manager, Ledger (with the charges of the journal),
+    QuotaPolicy and the TDMA scheduler over it (vgpud.sched); StartupError on bad files."""
     from vgpud import inventory as inv
     from vgpud.config import ConfigError, load_config
     from vgpud.core.ledger import Ledger
@@ -504,10 +522,14 @@ def build_quota(config_path: Path, dbus: str, inventory=None) -> tuple[Policy, A
     manager = Manager(config_path, config, state, ledger, gpus)
     log.info("config %s: %d tenants, %d GPUs", config_path, len(manager.tenants), len(gpus))
     journal = ChargeJournal.resume(config.daemon.charges_path, ledger)
-    policy = QuotaPolicy(manager, ledger, cgroup_path=cgroup_path_by_id(),
-                         memory=ProcessMemory())
-    reconcile = policy.reconcile if policy.restored else None
-    return policy, Admin(manager, dbus, journal=journal, reconcile=reconcile)
+    quota = QuotaPolicy(manager, ledger, cgroup_path=cgroup_path_by_id(),
+                        memory=ProcessMemory())
+    reconcile = quota.reconcile if quota.restored else None
+    from vgpud.sched.service import build as build_scheduling
+
+    policy, scheduler = build_scheduling(manager, quota)
+    return policy, Admin(manager, dbus, journal=journal, reconcile=reconcile,
+                         scheduler=scheduler)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

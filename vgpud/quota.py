@@ -350,6 +350,16 @@ class QuotaPolicy:
         elif type(event) is CloseEvent:
             self._close(event.ctx_id)
 
+    # --- what other policies built on this one read (vgpud.sched) ---
+
+    def context_tenant(self, ctx: int) -> str | None:
+        """The tenant of a context seen so far; None if unknown or refused."""
+        return self._contexts.get(ctx)
+
+    def gpu_for(self, parent: Key, tenant: str, upcall: Upcall) -> int:
+        """The GPU of an object allocated under ``parent``, as for a charge."""
+        return self._gpu_for(parent, tenant, upcall)
+
     # --- contexts ---
 
     def _open(self, upcall: Upcall) -> Verdict:

@@ -123,8 +123,9 @@ class PrivateBus:
 class ServiceThread:
     """Manager + AdminService on the system bus, served by a thread's event loop."""
 
-    def __init__(self, manager: Manager) -> None:
+    def __init__(self, manager: Manager, scheduler: Any = None) -> None:
         self.manager = manager
+        self.scheduler = scheduler
         self._loop = asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
         self._started: Future[None] = Future()
@@ -159,7 +160,7 @@ class ServiceThread:
         self._stop = asyncio.Event()
         bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
         try:
-            service = AdminService(self.manager, bus)
+            service = AdminService(self.manager, bus, self.scheduler)
             await service.start()
             self._started.set_result(None)
             await self._stop.wait()

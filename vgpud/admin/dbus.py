@@ -9,8 +9,9 @@ docs/dbus-api.md describes them; regenerate the XML with
 
 Reads are open to everyone; changes need root or the admin group, checked
 from the caller's bus credentials. Property changes are coalesced into one
-PropertiesChanged per tenant every FLUSH_DELAY seconds, and QuotaExceeded is
-sent at most once per QUOTA_INTERVAL per (tenant, GPU), so a busy data path
+PropertiesChanged per tenant every FLUSH_DELAY seconds, QuotaExceeded is
+sent at most once per QUOTA_INTERVAL per (tenant, GPU), and the scheduler
+publishes Share / MeasuredShare at most once a second, so a busy data path
 cannot flood the bus.
 """
 
@@ -19,10 +20,10 @@ from __future__ import annotations
 import asyncio
 import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from dbus_fast import DBusError, Message, MessageType, RequestNameReply, Variant
 from dbus_fast.aio import MessageBus
@@ -46,6 +47,9 @@ from vgpud.manager import (
     TenantBusy,
 )
 
+if TYPE_CHECKING:
+    from vgpud.sched.service import SchedulerService
+
 __all__ = ["BUS_NAME", "MANAGER_PATH", "AdminService", "introspection_xml", "tenant_path"]
 
 BUS_NAME = "org.vgpud1"
@@ -56,6 +60,7 @@ TENANT_PATH = "/org/vgpud1/tenant/"
 ERROR = "org.vgpud1.Error."
 FLUSH_DELAY = 0.05
 QUOTA_INTERVAL = 1.0
+SHARES = "shares"  # a change field of the scheduler's, beside the Manager's
 _DOCTYPE = (
     '<!DOCTYPE node PUBLIC "-//freedesktop//DTD D-BUS Object Introspection 1.0//EN"\n'
     '"http://www.freedesktop.org/standards/dbus/1.0/introspect.dtd">\n'
@@ -69,6 +74,7 @@ _ERRORS: dict[type[AdminError], str] = {
 }
 
 GpuBytes = Annotated[dict[int, int], DBusSignature("a{ut}")]
+GpuPercent = Annotated[dict[int, float], DBusSignature("a{ud}")]
 TenantList = Annotated[list[list[Any]], DBusSignature("a(so)")]
 GpuList = Annotated[list[list[Any]], DBusSignature("a(ustt)")]
 Options = Annotated[dict[str, Variant], DBusSignature("a{sv}")]
@@ -104,6 +110,7 @@ _PROPERTIES = {
     BINDINGS: ("Pids",),
     USAGE: ("MemoryUsed",),
     CONTEXTS: ("Contexts",),
+    SHARES: ("Share", "MeasuredShare"),
 }
 
 # The sender of the method call being dispatched: set by a message handler
@@ -256,10 +263,12 @@ class ManagerInterface(ServiceInterface):
 
 
 class TenantInterface(ServiceInterface):
-    def __init__(self, manager: Manager, name: str) -> None:
+    def __init__(self, manager: Manager, name: str,
+                 scheduler: SchedulerService | None = None) -> None:
         super().__init__(TENANT_INTERFACE)
         self._manager = manager
         self._name = name
+        self._scheduler = scheduler
 
     @dbus_property(access=PropertyAccess.READ)
     def Name(self) -> DBusStr:
@@ -304,6 +313,16 @@ class TenantInterface(ServiceInterface):
         return str(self._manager.tenant(self._name).priority)
 
     @dbus_property(access=PropertyAccess.READ)
+    def Share(self) -> GpuPercent:
+        """GPU index -> percent of GPU time the scheduler targets now (runnable tenants)."""
+        return {} if self._scheduler is None else self._scheduler.share(self._name)
+
+    @dbus_property(access=PropertyAccess.READ)
+    def MeasuredShare(self) -> GpuPercent:
+        """GPU index -> percent of GPU time measured over the last second."""
+        return {} if self._scheduler is None else self._scheduler.measured_share(self._name)
+
+    @dbus_property(access=PropertyAccess.READ)
     def Uvm(self) -> DBusStr:
         return str(self._manager.tenant(self._name).uvm)
 
@@ -332,9 +351,11 @@ class TenantInterface(ServiceInterface):
 class AdminService:
     """Exports the manager on a bus and keeps the exported objects current."""
 
-    def __init__(self, manager: Manager, bus: MessageBus) -> None:
+    def __init__(self, manager: Manager, bus: MessageBus,
+                 scheduler: SchedulerService | None = None) -> None:
         self.manager = manager
         self.bus = bus
+        self.scheduler = scheduler
         self._interface = ManagerInterface(self)
         self._tenants: dict[str, TenantInterface] = {}
         self._dirty: dict[str, set[str]] = {}
@@ -348,6 +369,8 @@ class AdminService:
         for tenant in self.manager.tenants:
             self._export(tenant.name)
         self.manager.listeners.append(self)
+        if self.scheduler is not None:
+            self.scheduler.share_listeners.append(self)
         reply = await self.bus.request_name(BUS_NAME, NameFlag.DO_NOT_QUEUE)
         if reply not in (RequestNameReply.PRIMARY_OWNER, RequestNameReply.ALREADY_OWNER):
             self.close()
@@ -360,6 +383,8 @@ class AdminService:
             self._flush_handle = None
         if self in self.manager.listeners:
             self.manager.listeners.remove(self)
+        if self.scheduler is not None and self in self.scheduler.share_listeners:
+            self.scheduler.share_listeners.remove(self)
         self.bus.remove_message_handler(self._note_sender)
         self.bus.unexport(MANAGER_PATH)
         for name in list(self._tenants):
@@ -397,6 +422,11 @@ class AdminService:
                 loop = asyncio.get_running_loop()
                 self._flush_handle = loop.call_later(FLUSH_DELAY, self._flush)
 
+    def shares_changed(self, tenants: Iterable[str]) -> None:
+        """The scheduler's ShareListener (at most once per second)."""
+        for name in tenants:
+            self.tenant_changed(name, frozenset({SHARES}))
+
     def settings_changed(self) -> None:
         self._interface.emit_properties_changed(
             {"DefaultTenant": self.manager.default_tenant or ""}
@@ -416,7 +446,7 @@ class AdminService:
             _sender.set(msg.sender)
 
     def _export(self, name: str) -> None:
-        interface = TenantInterface(self.manager, name)
+        interface = TenantInterface(self.manager, name, self.scheduler)
         self._tenants[name] = interface
         self.bus.export(tenant_path(name), interface)
 

@@ -15,11 +15,12 @@ from collections.abc import Iterable
 
 from vgpud.kernel.cstruct import CStruct
 from vgpud.kernel.uapi import FILTER_OPEN, Filter, Node, Rule
-from vgpud.nvidia.escapes import Escape
+from vgpud.nvidia.escapes import Escape, NvClass
 from vgpud.nvidia.layouts import NVOS00, NVOS02_WITH_FD, NVOS21, NVOS32, NVOS54, NVOS55, NVOS64
 
 __all__ = [
     "parse_filter_spec",
+    "rm_alloc_channel_groups",
     "rm_alloc_classes",
     "rm_alloc_memory_classes",
     "rm_control_cmds",
@@ -60,6 +61,24 @@ def _rm_alloc_rule(layout: CStruct, keys: tuple[int, ...], post: bool, shadow: b
         post=post,
         shadow=shadow,
     )
+
+
+def rm_alloc_channel_groups(*, post: bool = True) -> tuple[Rule, Rule]:
+    """RM_ALLOC of channel groups (KEPLER_CHANNEL_GROUP_A), as NVOS21 and NVOS64.
+
+    The client, the parent device and the new handle are in the ioctl params
+    themselves, so no alloc params are copied. ``post`` (the default): the
+    scheduler learns the new group from the POST event. Shadow calls: the
+    driver creates the group the daemon saw, and the POST event carries the
+    driver's results, whatever the caller's threads write meanwhile.
+    """
+    return _channel_group_rule(NVOS21, post), _channel_group_rule(NVOS64, post)
+
+
+def _channel_group_rule(layout: CStruct, post: bool) -> Rule:
+    return Rule(node_mask=_RM_NODES, nr=Escape.RM_ALLOC, size=layout.size,
+                match_off=layout.offsets["hClass"], match=(NvClass.KEPLER_CHANNEL_GROUP_A,),
+                post=post, shadow=True)
 
 
 def rm_control_cmds(cmds: Iterable[int], *, post: bool = False, shadow: bool = False) -> Rule:

@@ -1,0 +1,123 @@
+"""The scheduler's side of the admin API: Share / MeasuredShare and `vgpuctl top`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from dbus_fast import Message, MessageType
+from dbus_fixtures import (
+    GIB,
+    PrivateBus,
+    ServiceThread,
+    make_manager,
+    system_bus_fixture,  # noqa: F401
+    write_config,
+)
+
+from vgpud import cli
+from vgpud.admin.client import AdminClient
+from vgpud.admin.dbus import tenant_path
+
+
+class FakeScheduler:
+    def __init__(self) -> None:
+        self.shares: dict[str, dict[int, float]] = {"alice": {0: 62.5, 1: 100.0}}
+        self.measured: dict[str, dict[int, float]] = {"alice": {0: 61.9}}
+        self.share_listeners: list[Any] = []
+
+    def share(self, tenant: str) -> dict[int, float]:
+        return dict(self.shares.get(tenant, {}))
+
+    def measured_share(self, tenant: str) -> dict[int, float]:
+        return dict(self.measured.get(tenant, {}))
+
+
+@pytest.fixture
+def sched_service(system_bus: PrivateBus, tmp_path: Path) -> Iterator[ServiceThread]:
+    thread = ServiceThread(make_manager(write_config(tmp_path)), FakeScheduler())
+    yield thread
+    thread.close()
+
+
+def properties(name: str) -> dict[str, Any]:
+    return asyncio.run(AdminClient.run(lambda c: c.tenant_properties(tenant_path(name))))
+
+
+def vgpuctl(*args: str) -> Any:
+    return CliRunner().invoke(cli.main, list(args), env={"COLUMNS": "160"})
+
+
+def test_share_properties(sched_service: ServiceThread) -> None:
+    alice = properties("alice")
+    assert (alice["Share"], alice["MeasuredShare"]) == ({0: 62.5, 1: 100.0}, {0: 61.9})
+    assert (properties("shared")["Share"], properties("shared")["MeasuredShare"]) == ({}, {})
+
+
+def test_shares_changed_emits_properties_changed(sched_service: ServiceThread) -> None:
+    scheduler: FakeScheduler = sched_service.scheduler
+    (admin,) = scheduler.share_listeners  # the AdminService registered itself
+
+    async def run(client: AdminClient) -> Message:
+        received: asyncio.Queue[Message] = asyncio.Queue()
+
+        def on_message(msg: Message) -> None:
+            if msg.message_type == MessageType.SIGNAL and msg.member == "PropertiesChanged":
+                received.put_nowait(msg)
+
+        client.bus.add_message_handler(on_message)
+        await client.bus.call(Message(
+            destination="org.freedesktop.DBus", path="/org/freedesktop/DBus",
+            interface="org.freedesktop.DBus", member="AddMatch", signature="s",
+            body=["type='signal',sender='org.vgpud1'"]))
+        scheduler.measured["alice"] = {0: 50.0}
+        sched_service.call(admin.shares_changed, ["alice"])
+        return await asyncio.wait_for(received.get(), 5)
+
+    msg = asyncio.run(AdminClient.run(run))
+    assert msg.path == tenant_path("alice")
+    _interface, changed, _invalidated = msg.body
+    assert {k: v.value for k, v in changed.items()} == {
+        "Share": {0: 62.5, 1: 100.0}, "MeasuredShare": {0: 50.0}}
+
+
+def test_top_json_and_once(sched_service: ServiceThread) -> None:
+    result = vgpuctl("top", "--json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert [(r["tenant"], r["gpu"]) for r in rows] == [
+        ("alice", 0), ("alice", 1), ("bob.x-1", 1), ("shared", 0), ("shared", 1)]
+    assert rows[0] == {"tenant": "alice", "gpu": 0, "memory_used": 0,
+                       "memory_limit": 8 * GIB, "weight": 100, "cap": 0,
+                       "priority": "best-effort", "share": 62.5, "measured_share": 61.9}
+    assert (rows[1]["share"], rows[1]["measured_share"]) == (100.0, None)
+    assert rows[2]["weight"] == 300
+    once = vgpuctl("top", "--once")
+    assert once.exit_code == 0, once.output
+    assert "MEASURED" in once.output and "62.5%" in once.output and "61.9%" in once.output
+
+
+def test_top_refreshes_until_interrupted(sched_service: ServiceThread,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    refreshes = []
+
+    async def sleep(seconds: float) -> None:
+        refreshes.append(seconds)
+        if len(refreshes) == 2:
+            raise KeyboardInterrupt
+        sched_service.scheduler.shares["alice"] = {0: 12.5}
+
+    monkeypatch.setattr(cli.asyncio, "sleep", sleep)
+    result = vgpuctl("top", "--interval", "0.5")
+    assert result.exit_code == 0, result.output
+    assert refreshes == [0.5, 0.5]
+    assert "12.5%" in result.output
+
+
+def test_top_without_daemon_exits_69(system_bus: PrivateBus) -> None:
+    assert vgpuctl("top", "--once").exit_code == cli.EX_UNAVAILABLE

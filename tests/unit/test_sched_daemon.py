@@ -1,0 +1,99 @@
+"""The quota daemon with its scheduler wired in: channel groups learned from the fake
+kernel's upcalls and events, switched through the channel, all back on at stop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from fakekernel import post_event_msg, upcall_msg
+from test_daemon import World as _World
+from test_daemon_quota import inventory, write_config
+
+from vgpud.daemon import Daemon, Dispatcher, Notifier, build_quota
+from vgpud.kernel.uapi import Sched, SchedResult, UpcallKind, VerdictAction
+from vgpud.nvidia import layouts as L
+from vgpud.nvidia.escapes import Escape
+from vgpud.sched.policy import SchedPolicy
+
+TENANT_B = '\n[[tenant]]\nname = "b"\nmatch = [{ uid = 2000 }]\n'
+
+
+class World(_World):
+    def __init__(self, tmp_path: Path) -> None:
+        super().__init__(tmp_path)
+        self.policy, self.admin = build_quota(write_config(tmp_path, TENANT_B), "off", inventory)
+        self.ids = iter(range(1, 1000))
+        self.scheduled: list[list[Sched]] = []
+
+    def daemon(self) -> Daemon:
+        return Daemon(Dispatcher(self.policy), self.policy.filter(),
+                      open_channel=self.open_channel, notifier=Notifier(self.notify_path),
+                      admin=self.admin)
+
+    async def schedule(self, entries: Sequence[Sched]) -> list[SchedResult]:
+        self.scheduled.append(list(entries))
+        return [SchedResult(0, 0)] * len(entries)
+
+    async def alloc(self, ctx: int, uid: int, client: int, parent: int, h_class: int,
+                    handle: int, alloc: bytes | None = None) -> None:
+        upcall_id = next(self.ids)
+        size, ptr = (0, 0) if alloc is None else (len(alloc), 0x7F0000001000)
+        params = L.NVOS21.struct.pack(client, parent, 0, h_class, ptr, size, 0)
+        self.kernel.send(upcall_msg(params, alloc, id=upcall_id, ctx_id=ctx, nr=Escape.RM_ALLOC,
+                                    uid=uid, tgid=uid))
+        assert (await self.kernel.verdicts.get())[:2] == (upcall_id, VerdictAction.ALLOW)
+        after = L.NVOS21.struct.pack(client, parent, handle, h_class, ptr, size, 0)
+        self.kernel.send(post_event_msg(ctx, upcall_id, Escape.RM_ALLOC, 0, after, alloc))
+
+    async def tenant_with_group(self, ctx: int, uid: int, client: int) -> None:
+        k = self.kernel
+        k.send(upcall_msg(kind=UpcallKind.OPEN, id=next(self.ids), ctx_id=ctx, uid=uid,
+                          cgroup="/"))
+        assert (await k.verdicts.get())[1] == VerdictAction.ALLOW
+        await self.alloc(ctx, uid, 0, 0, 0x41, client)
+        device = L.NV0080_ALLOC_PARAMETERS.struct.pack(0, 0, 0, 0, 0, 0, 0, 0, 0)
+        await self.alloc(ctx, uid, client, client, 0x80, 0xD0, device)
+        await self.alloc(ctx, uid, client, 0xD0, 0xA06C, 0x600D)
+
+
+def test_daemon_switches_groups_and_restores_them(tmp_path: Path,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    world = World(tmp_path)
+    assert isinstance(world.policy, SchedPolicy)
+    scheduler = world.admin.scheduler
+    assert scheduler is not None
+
+    async def main() -> None:
+        daemon = world.daemon()
+        serving = asyncio.create_task(daemon.serve())
+        assert (await world.notification()).startswith("READY=1")
+        assert daemon.channel is not None
+        daemon.channel.schedule = world.schedule  # type: ignore[attr-defined]
+        await world.tenant_with_group(7, 1000, 0xC1)  # a: runnable at once, picked, left on
+        await world.tenant_with_group(8, 2000, 0xC2)  # b: created outside its slot
+        for _ in range(100):
+            if world.scheduled:
+                break
+            await asyncio.sleep(0.01)
+        assert world.scheduled[0] == [Sched(8, 0xC2, 0x600D, False)]
+        assert len(scheduler.tracker) == 2
+        # frames of 100 ms, equal weights: within 0.3 s both have been switched in
+        await asyncio.sleep(0.3)
+        ons = {(e.ctx_id, e.enable) for call in world.scheduled for e in call}
+        assert {(7, False), (7, True), (8, True)} <= ons
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert await serving == 0
+        assert sorted(world.scheduled[-1]) == [Sched(7, 0xC1, 0x600D, True),
+                                               Sched(8, 0xC2, 0x600D, True)]
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+    world.close()
+    (stats,) = [m for m in caplog.messages if m.startswith("scheduler stats")]
+    assert "'failed': 0" in stats and "'errors': 0" in stats

@@ -1,0 +1,437 @@
+"""SchedulerService in virtual time: a fake clock, virtual timers, a recording actuator."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vgpud.config import parse_config
+from vgpud.core.ledger import Ledger
+from vgpud.kernel.uapi import Sched, SchedResult
+from vgpud.manager import Manager
+from vgpud.sched.activity import Activity
+from vgpud.sched.actuator import ActuatorStats, ModuleActuator
+from vgpud.sched.groups import Group, GroupTracker
+from vgpud.sched.service import SchedulerService, target_shares
+from vgpud.state import RuntimeState
+
+GIB = 2**30
+MS = 1_000_000  # ns
+CONFIG = """\
+[daemon]
+state_path = "{state}"
+frame_ms = 100
+
+[[tenant]]
+name = "a"
+weight = 50
+
+[[tenant]]
+name = "b"
+weight = 30
+
+[[tenant]]
+name = "c"
+weight = 20
+"""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000 * MS
+
+    def __call__(self) -> int:
+        return self.now
+
+
+class Timer:
+    def __init__(self, timers: Timers, key: tuple[int, int]) -> None:
+        self._timers, self._key = timers, key
+
+    def cancel(self) -> None:
+        self._timers.cancelled.add(self._key)
+
+
+class Timers:
+    """call_later in virtual time: due = clock + delay."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.heap: list[tuple[int, int, Callable[..., None], tuple[Any, ...]]] = []
+        self.cancelled: set[tuple[int, int]] = set()
+        self.seq = itertools.count()
+
+    def __call__(self, delay: float, callback: Callable[..., None], *args: Any) -> Timer:
+        key = (self.clock.now + round(delay * 1e9), next(self.seq))
+        heapq.heappush(self.heap, (*key, callback, args))
+        return Timer(self, key)
+
+    def next_due(self) -> int | None:
+        while self.heap and (self.heap[0][0], self.heap[0][1]) in self.cancelled:
+            heapq.heappop(self.heap)
+        return self.heap[0][0] if self.heap else None
+
+    async def run_until(self, end_ns: int) -> None:
+        while (due := self.next_due()) is not None and due <= end_ns:
+            _, _, callback, args = heapq.heappop(self.heap)
+            self.clock.now = due
+            callback(*args)
+            await settle()
+        self.clock.now = end_ns
+        await settle()
+
+
+class Recorder:
+    """The actuator: records each call with the virtual time it was made at."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.stats = ActuatorStats()
+        self.clock = clock
+        self.calls: list[tuple[int, list[Sched]]] = []
+        self.on: dict[tuple[int, int], bool] = {}  # as the driver has them
+        self.most_clients_on = 0  # tenants have one client per GPU here
+
+    async def apply(self, entries: Sequence[Sched]) -> None:
+        self.calls.append((self.clock.now, list(entries)))
+        for e in entries:
+            self.on[(e.h_client, e.h_object)] = e.enable
+        clients = {client for (client, _), on in self.on.items() if on}
+        self.most_clients_on = max(self.most_clients_on, len(clients))
+
+
+async def settle() -> None:
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+class World:
+    def __init__(self, tmp: Path, activity: Any = None, config: str = CONFIG) -> None:
+        text = config.format(state=tmp / "state.json")
+        (tmp / "vgpud.toml").write_text(text)
+        self.manager = Manager(tmp / "vgpud.toml", parse_config(text), RuntimeState(), Ledger(),
+                               [(0, "sim", GIB), (1, "sim", GIB)])
+        self.clock = Clock()
+        self.timers = Timers(self.clock)
+        self.tracker = GroupTracker()
+        self.service = SchedulerService(self.manager, self.tracker, activity=activity,
+                                        clock=self.clock, call_later=self.timers,
+                                        share_interval=1e6)
+        self.actuator = Recorder(self.clock)
+        self.handles = itertools.count(0x100)
+
+    def group(self, tenant: str, gpu: int = 0, ctx: int | None = None) -> Group:
+        client = {"a": 0xA0, "b": 0xB0, "c": 0xC0, "d": 0xD0}[tenant] + gpu
+        group = Group(ctx if ctx is not None else client, tenant, gpu, client,
+                      next(self.handles), 0x10, 1000 + client)
+        self.actuator.on[(client, group.handle)] = True  # the driver's default
+        self.tracker.add(group)
+        return group
+
+    def on_time(self, start: int, end: int) -> dict[tuple[int, int], int]:
+        """ns each group was on in [start, end], from the actuator's calls."""
+        on: dict[tuple[int, int], int] = {}
+        since: dict[tuple[int, int], int] = {}
+        for t, entries in self.actuator.calls:
+            for e in entries:
+                key = (e.h_client, e.h_object)
+                if e.enable and key not in since:
+                    since[key] = t
+                elif not e.enable and key in since:
+                    t0 = since.pop(key)
+                    on[key] = on.get(key, 0) + max(0, min(t, end) - max(t0, start))
+        for key, t0 in since.items():
+            on[key] = on.get(key, 0) + max(0, end - max(t0, start))
+        return on
+
+
+@pytest.fixture
+def w(tmp_path: Path) -> World:
+    return World(tmp_path)
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def test_groups_before_start_are_switched_at_start(w: World) -> None:
+    async def main() -> None:
+        ga = w.group("a")
+        gb = w.group("b")
+        assert w.actuator.calls == []
+        w.service.start(w.actuator)
+        await settle()
+        # a was picked when its group came (runnable without a source): b's goes off
+        entries = [e for _, es in w.actuator.calls for e in es]
+        assert Sched(gb.ctx, gb.client, gb.handle, False) in entries
+        assert Sched(ga.ctx, ga.client, ga.handle, False) not in entries
+        await w.service.stop()
+
+    run(main())
+
+
+def test_saturating_tenants_get_their_weights(w: World) -> None:
+    async def main() -> None:
+        w.service.start(w.actuator)
+        groups = {t: [w.group(t), w.group(t)] for t in "abc"}
+        await settle()  # new groups run until their off lands: measure from here
+        w.actuator.most_clients_on = 0
+        start = w.clock.now
+        await w.timers.run_until(start + 10_000 * MS)
+        on = w.on_time(start, w.clock.now)
+        for t, weight in zip("abc", (50, 30, 20), strict=True):
+            first, second = (on.get((g.client, g.handle), 0) for g in groups[t])
+            assert first == second  # a tenant's groups go on and off together
+            assert first / (10_000 * MS) == pytest.approx(weight / 100, abs=0.01), t
+        # every plan: the outgoing groups off before the incoming on, in one call
+        for _, entries in w.actuator.calls:
+            flags = [e.enable for e in entries]
+            assert flags == sorted(flags), entries
+        assert w.actuator.most_clients_on == 1  # never two tenants on at once
+        await w.service.stop()
+
+    run(main())
+
+
+def test_group_created_outside_its_slot_goes_off_at_once(w: World) -> None:
+    async def main() -> None:
+        w.service.start(w.actuator)
+        w.group("a")
+        await settle()
+        calls = len(w.actuator.calls)
+        late = w.group("b")
+        await settle()
+        assert w.actuator.calls[calls:] == [(w.clock.now, [Sched(late.ctx, late.client,
+                                                                  late.handle, False)])]
+        await w.service.stop()
+
+    run(main())
+
+
+def test_stop_turns_every_group_back_on(w: World) -> None:
+    async def main() -> None:
+        w.service.start(w.actuator)
+        groups = [w.group(t) for t in "abc"]
+        await w.timers.run_until(w.clock.now + 30 * MS)
+        await w.service.stop()
+        _, last = w.actuator.calls[-1]
+        assert sorted(last) == sorted(Sched(g.ctx, g.client, g.handle, True) for g in groups)
+        assert w.service not in w.manager.listeners
+        assert w.service not in w.tracker.sinks
+
+    run(main())
+
+
+def test_freed_groups_leave_and_idle_tenants_give_way(w: World) -> None:
+    async def main() -> None:
+        w.service.start(w.actuator)
+        ga, gb = w.group("a"), w.group("b")
+        await w.timers.run_until(w.clock.now + 50 * MS)
+        w.tracker.freed(ga.client, ga.handle)  # a has no group left: idle
+        await settle()
+        start = w.clock.now
+        await w.timers.run_until(start + 500 * MS)
+        on = w.on_time(start, w.clock.now)
+        assert on.get((gb.client, gb.handle), 0) == 500 * MS
+        assert all(e.h_object != ga.handle for t, es in w.actuator.calls if t >= start
+                   for e in es)
+        await w.service.stop()
+
+    run(main())
+
+
+class FakeSource:
+    name = "fake"
+    interval = 1e6
+    blocking = False
+
+    def __init__(self) -> None:
+        self.runnable: set[tuple[int, str]] = set()
+        self.busy: dict[tuple[int, str], int] = {}
+        self.running: list[dict[int, str | None]] = []
+
+    def read(self) -> str:
+        return "raw"
+
+    def update(self, raw: str, groups: GroupTracker, running: dict[int, str | None],
+               now_ns: int) -> Activity:
+        assert raw == "raw"
+        self.running.append(running)
+        return Activity(frozenset(self.runnable), dict(self.busy))
+
+    def close(self) -> None:
+        pass
+
+
+def test_activity_drives_runnable_and_idle(tmp_path: Path) -> None:
+    source = FakeSource()
+    w = World(tmp_path, activity=source)
+
+    async def main() -> None:
+        w.service.start(w.actuator)
+        groups = {t: w.group(t) for t in "abc"}
+        await settle()
+        assert w.service.running() == {0: None, 1: None}  # nobody has work yet
+        source.runnable = {(0, "a"), (0, "b"), (0, "c")}
+        await w.service.poll()
+        start = w.clock.now
+        await w.timers.run_until(start + 2_000 * MS)
+        # c goes idle: a and b split its time 50:30 from the next switch on
+        source.runnable = {(0, "a"), (0, "b")}
+        await w.service.poll()
+        idle_at = w.clock.now
+        await w.timers.run_until(idle_at + 3_000 * MS)
+        on = w.on_time(idle_at + 100 * MS, w.clock.now)
+        total = 2_900 * MS
+        share = {t: on.get((g.client, g.handle), 0) / total for t, g in groups.items()}
+        assert share["c"] == 0
+        assert share["a"] == pytest.approx(50 / 80, abs=0.02)
+        assert share["b"] == pytest.approx(30 / 80, abs=0.02)
+        assert source.running[-1][0] in ("a", "b")
+        await w.service.stop()
+
+    run(main())
+
+
+def test_shares_published_once_per_change(tmp_path: Path) -> None:
+    source = FakeSource()
+    w = World(tmp_path, activity=source)
+    heard: list[list[str]] = []
+
+    class Listener:
+        def shares_changed(self, tenants: Any) -> None:
+            heard.append(list(tenants))
+
+    w.service.share_listeners.append(Listener())
+
+    async def main() -> None:
+        w.service.start(w.actuator)
+        for t in "abc":
+            w.group(t)
+        source.runnable = {(0, "a"), (0, "b")}
+        await w.service.poll()
+        source.busy = {(0, "a"): 0, (0, "b"): 0}
+        w.service.publish_shares()
+        heard.clear()
+        w.clock.now += 1_000 * MS
+        source.busy = {(0, "a"): 600 * MS, (0, "b"): 350 * MS}
+        await w.service.poll()
+        w.service.publish_shares()
+        assert w.service.share("a") == {0: 62.5}
+        assert w.service.share("b") == {0: 37.5}
+        assert w.service.share("c") == {}
+        assert w.service.measured_share("a") == {0: 60.0}
+        assert w.service.measured_share("b") == {0: 35.0}
+        assert heard == [["a", "b"]]
+        w.clock.now += 1_000 * MS
+        source.busy = {(0, "a"): 1200 * MS, (0, "b"): 700 * MS}
+        await w.service.poll()
+        w.service.publish_shares()
+        assert heard == [["a", "b"]]  # nothing moved: nothing said
+        await w.service.stop()
+
+    run(main())
+
+
+@pytest.mark.parametrize("how", ["dbus", "reload"])
+def test_weight_change_applies_at_the_next_frame(w: World, how: str) -> None:
+    async def main() -> None:
+        w.service.start(w.actuator)
+        ga, gb = w.group("a"), w.group("b")
+        await w.timers.run_until(w.clock.now + 1_000 * MS)
+        if how == "dbus":  # what SetWeight does
+            w.manager.update_tenant("b", {"weight": 150})  # a 50 : b 150
+        else:
+            path = w.manager.config_path
+            path.write_text(path.read_text().replace("weight = 30", "weight = 150"))
+            w.manager.reload()
+        frame_end = w.service._gpus[0].core.frame_end_us
+        assert frame_end is not None
+        start = w.service._t0 + frame_end * 1000  # from the next frame boundary on
+        await w.timers.run_until(start + 2_000 * MS)
+        on = w.on_time(start, w.clock.now)
+        assert on[(gb.client, gb.handle)] / (2_000 * MS) == pytest.approx(0.75, abs=0.02)
+        assert on[(ga.client, ga.handle)] / (2_000 * MS) == pytest.approx(0.25, abs=0.02)
+        await w.service.stop()
+
+    run(main())
+
+
+def test_tenants_added_and_removed_follow_the_manager(w: World) -> None:
+    async def main() -> None:
+        w.service.start(w.actuator)
+        w.manager.create_tenant("d", {"weight": 10, "cap": 1})  # cap raised to 3%
+        gd = w.group("d")
+        ga = w.group("a")
+        start = w.clock.now
+        await w.timers.run_until(start + 2_000 * MS)
+        on = w.on_time(start, w.clock.now)
+        assert on[(gd.client, gd.handle)] / (2_000 * MS) == pytest.approx(0.03, abs=0.01)
+        assert on[(ga.client, ga.handle)] / (2_000 * MS) == pytest.approx(0.97, abs=0.01)
+        w.tracker.freed(gd.client, gd.handle)
+        w.manager.delete_tenant("d")
+        assert "d" not in w.service._tenants
+        assert w.service.stats.rejected == 0
+        await w.service.stop()
+
+    run(main())
+
+
+def test_target_shares_fill_caps() -> None:
+    assert target_shares({}) == {}
+    assert target_shares({"a": (1, None), "b": (3, None)}) == {"a": 25.0, "b": 75.0}
+    assert target_shares({"a": (1, None), "b": (3, 50)}) == {"a": 50.0, "b": 50.0}
+    assert target_shares({"a": (1, 10), "b": (1, 20)}) == {"a": 10.0, "b": 20.0}
+    assert target_shares({"a": (0, None), "b": (5, None)}) == {"a": 0.0, "b": 100.0}
+
+
+class FakeChannel:
+    def __init__(self, results: Callable[[Sequence[Sched]], list[SchedResult]]) -> None:
+        self.results = results
+        self.calls: list[list[Sched]] = []
+
+    async def schedule(self, entries: Sequence[Sched]) -> list[SchedResult]:
+        self.calls.append(list(entries))
+        return self.results(entries)
+
+
+def test_module_actuator_chunks_checks_and_counts() -> None:
+    def results(entries: Sequence[Sched]) -> list[SchedResult]:
+        out = []
+        for e in entries:
+            if e.h_object == 1:
+                out.append(SchedResult(-2, 0))  # ENOENT: the context closed
+            elif e.h_object == 2:
+                out.append(SchedResult(0, 0x33))  # the group was freed
+            elif e.h_object == 3:
+                out.append(SchedResult(0, 0x1F))  # a real failure
+            else:
+                out.append(SchedResult(0, 0))
+        return out
+
+    channel = FakeChannel(results)
+    actuator = ModuleActuator(channel)
+    entries = [Sched(1, 0xC, h, h % 2 == 0) for h in range(600)]
+    run(actuator.apply(entries))
+    assert [len(c) for c in channel.calls] == [256, 256, 88]
+    assert [e for c in channel.calls for e in c] == entries
+    s = actuator.stats
+    assert (s.calls, s.entries, s.gone, s.failed, s.errors) == (3, 600, 2, 1, 0)
+    assert len(s.latency_ns) == 3
+
+    channel.results = lambda entries: []  # a short answer: all failed
+    run(actuator.apply(entries[:3]))
+    assert s.failed == 4
+
+    class Broken:
+        async def schedule(self, entries: Sequence[Sched]) -> list[SchedResult]:
+            raise OSError("channel closed")
+
+    broken = ModuleActuator(Broken())
+    run(broken.apply(entries[:3]))
+    assert broken.stats.errors == 1

@@ -1,0 +1,223 @@
+"""TDMA scheduling end to end: nvsim's work engine + vgpu + vgpud --config (+ D-Bus).
+
+Tenants are cgroups; tests/tdma_workload.py opens one nvidiactl file per
+tenant from inside its cgroup, allocates a channel group and keeps its
+pending work from draining. Shares are measured from nvsim's own busy
+counters (/proc/driver/nvsim/groups), not from the daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+
+import nvclient as nv
+from dbus_fixtures import PrivateBus
+
+from vgpud.admin.client import AdminClient
+from vgpud.admin.dbus import tenant_path
+
+pytestmark = pytest.mark.vm
+
+TESTS = Path(__file__).resolve().parents[1]
+WORKLOAD = str(TESTS / "tdma_workload.py")
+CGROOT = Path("/sys/fs/cgroup")
+FRAME_S = 0.1  # frame_ms = 100, the default
+
+
+def config_text(state: Path, weights: Sequence[int]) -> str:
+    text = f'[daemon]\nstate_path = "{state}"\nframe_ms = 100\n'
+    for i, weight in enumerate(weights):
+        text += (f'\n[[tenant]]\nname = "t{i}"\nweight = {weight}\n'
+                 f'match = [{{ cgroup = "/vgpu-tdma-t{i}" }}]\n')
+    return text
+
+
+class Tenants:
+    """The workload process(es) and what they allocated; tenant i is cgroup t{i}."""
+
+    def __init__(self, count: int, per_process: int = 16) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+        self.where: list[tuple[int, int]] = []  # tenant -> (process, index in it)
+        self.clients: list[int] = []
+        for first in range(0, count, per_process):
+            ids = range(first, min(count, first + per_process))
+            argv = [sys.executable, WORKLOAD, "/dev/vgpu"]
+            for i in ids:
+                argv += ["--cgroup", str(CGROOT / f"vgpu-tdma-t{i}")]
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    text=True)
+            self.procs.append(proc)
+            self.where += [(len(self.procs) - 1, j) for j in range(len(ids))]
+        for proc in self.procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert line, "the workload died (see its stderr)"
+            self.clients += [t["client"] for t in json.loads(line)["tenants"]]
+
+    def command(self, tenant: int, what: str) -> None:
+        proc, index = self.where[tenant]
+        stdin = self.procs[proc].stdin
+        assert stdin is not None
+        stdin.write(f"{what} {index}\n")
+        stdin.flush()
+
+    def busy(self) -> list[int]:
+        by_client = {g.client: g.busy_ns for g in nv.proc_groups()}
+        return [by_client[c] for c in self.clients]
+
+    def pending(self, tenant: int) -> int:
+        return next(g.pending_ns for g in nv.proc_groups() if g.client == self.clients[tenant])
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.stdin is not None:
+                proc.stdin.close()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def shares(before: Sequence[int], after: Sequence[int]) -> list[float]:
+    used = [b - a for a, b in zip(before, after, strict=True)]
+    return [100 * u / sum(used) for u in used]
+
+
+def measure(tenants: Tenants, seconds: float) -> list[float]:
+    before = tenants.busy()
+    time.sleep(seconds)
+    return shares(before, tenants.busy())
+
+
+@pytest.fixture
+def tdma(vgpu: Path, daemon_factory, tmp_path: Path):
+    """start(weights) -> Tenants: cgroups, config, daemon (D-Bus on a private bus), workloads."""
+    if not (CGROOT / "cgroup.controllers").exists():
+        pytest.skip("cgroup v2 is not mounted at /sys/fs/cgroup in this guest")
+    if not Path(nv.PROC_GROUPS).exists():
+        pytest.skip("nvsim has no work engine (/proc/driver/nvsim/groups)")
+    bus = PrivateBus()
+    os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = bus.address
+    made: list[Path] = []
+    running: list[Tenants] = []
+    daemons = []
+
+    def start(weights: Sequence[int], per_process: int = 16) -> Tenants:
+        for i in range(len(weights)):
+            path = CGROOT / f"vgpu-tdma-t{i}"
+            path.mkdir(exist_ok=True)
+            made.append(path)
+        config = tmp_path / "vgpud.toml"
+        config.write_text(config_text(tmp_path / "state.json", weights))
+        daemons.append(daemon_factory("--config", str(config), log_level="info").start())
+        tenants = Tenants(len(weights), per_process)
+        running.append(tenants)
+        time.sleep(1.0)  # the daemon learns the groups; a few frames go by
+        return tenants
+
+    try:
+        yield start
+    finally:
+        for tenants in running:
+            tenants.close()
+        for d in daemons:
+            d.kill()
+            print(d.log())  # shown when the test fails
+        for path in made:
+            path.rmdir()
+        bus.close()
+        del os.environ["DBUS_SYSTEM_BUS_ADDRESS"]
+
+
+def test_weights_50_30_20_within_2pp(tdma) -> None:
+    tenants = tdma([50, 30, 20])
+    got = measure(tenants, 10.0)
+    print("shares", got)
+    for share, want in zip(got, (50, 30, 20), strict=True):
+        assert abs(share - want) <= 2.0, got
+
+
+def test_idle_tenant_time_goes_to_the_others_by_weight(tdma) -> None:
+    tenants = tdma([50, 30, 20])
+    tenants.command(2, "idle")
+    deadline = time.monotonic() + 5.0
+    while tenants.pending(2) > 0:  # it drains in its next slots
+        assert time.monotonic() < deadline, "t2's work did not drain"
+        time.sleep(0.005)
+    time.sleep(FRAME_S)  # within one frame, its time is the others'
+    engine0 = nv.proc_engines()[0]
+    before = tenants.busy()
+    time.sleep(10 * FRAME_S)
+    after = tenants.busy()
+    engine1 = nv.proc_engines()[0]
+    got = shares(before, after)
+    print("after t2 went idle:", got, "engine idle", engine1.idle_ns - engine0.idle_ns)
+    assert got[2] == 0.0
+    assert abs(got[0] - 62.5) <= 3.0 and abs(got[1] - 37.5) <= 3.0, got
+    idle = (engine1.idle_ns - engine0.idle_ns) / (
+        engine1.idle_ns - engine0.idle_ns + engine1.busy_ns - engine0.busy_ns)
+    assert idle < 0.05, f"GPU idle {idle:.1%} of the frames after t2 went idle"
+    tenants.command(2, "busy")  # and back: it gets its share again
+    time.sleep(5 * FRAME_S)
+    got = measure(tenants, 3.0)
+    print("t2 busy again:", got)
+    assert abs(got[2] - 20) <= 3.0, got
+
+
+def test_16_tenants_none_starves(tdma) -> None:
+    tenants = tdma([100] * 16)
+    start = time.monotonic()
+    last = tenants.busy()
+    since = [start] * 16
+    longest = [0.0] * 16
+    while time.monotonic() - start < 5.0:
+        time.sleep(0.02)
+        now, busy = time.monotonic(), tenants.busy()
+        for i in range(16):
+            if busy[i] > last[i]:
+                since[i] = now
+            longest[i] = max(longest[i], now - since[i])
+        last = busy
+    print("longest gaps", longest)
+    # equal weights: 6.25 ms quanta >= the 2 ms min slot, so each runs every frame;
+    # the slack is for TCG (a workload late to refill leaves its tenant idle)
+    assert max(longest) <= 5 * FRAME_S, longest
+    got = measure(tenants, 5.0)
+    print("shares", got)
+    assert min(got) >= 100 / 16 / 2, got
+
+
+def test_weight_change_over_dbus_applies_at_the_next_frame(tdma) -> None:
+    tenants = tdma([100, 100])
+    got = measure(tenants, 2.0)
+    print("before", got)
+    assert abs(got[0] - 50) <= 3.0, got
+
+    async def set_weight(client: AdminClient) -> dict:
+        await client.call("SetWeight", "su", "t1", 300)
+        return await client.tenant_properties(tenant_path("t1"))
+
+    asyncio.run(AdminClient.run(set_weight))
+    time.sleep(FRAME_S + 0.05)
+    got = measure(tenants, 3.0)
+    print("after", got)
+    assert abs(got[1] - 75) <= 3.0, got
+    props = asyncio.run(AdminClient.run(
+        lambda c: c.tenant_properties(tenant_path("t1"))))
+    assert props["Weight"] == 300
+    assert props["Share"] == {0: 75.0}
+    assert abs(props["MeasuredShare"][0] - 75) <= 10, props

@@ -1,0 +1,143 @@
+"""SchedPolicy: the quota policy plus channel-group tracking (sans-I/O).
+
+Every upcall and event goes to the inner policy first, unchanged; this layer
+only watches:
+- RM_ALLOC of KEPLER_CHANNEL_GROUP_A (NVOS21 / NVOS64, the rule
+  rm_alloc_channel_groups, POST events): on success the new group (client
+  hRoot, device hObjectParent, handle hObjectNew as the driver left it) is
+  added to the tracker with its context's tenant and its device's GPU, both
+  as the inner policy knows them (it tracks clients and devices per context);
+- RM_FREE that succeeded, of a client that owns groups: the group, its device
+  or its client;
+- CLOSE events: the context's groups.
+The tracker tells its sinks (the scheduler service).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from vgpud.core.ledger import Key
+from vgpud.kernel.codec import CloseEvent, Event, PostEvent, Upcall
+from vgpud.kernel.uapi import Filter, UpcallKind, Verdict, VerdictAction
+from vgpud.nvidia import layouts as L
+from vgpud.nvidia.escapes import Escape, NvClass, NvStatus
+from vgpud.nvidia.layouts import RmAlloc, RmFree
+from vgpud.nvidia.rules import rm_alloc_channel_groups, rm_free
+from vgpud.policy import Policy, Request
+from vgpud.sched.groups import Group, GroupTracker
+
+__all__ = ["SchedPolicy", "TenantPolicy"]
+
+_U32 = struct.Struct("=I")
+# Where status and hObjectNew lie after an RM_ALLOC, by params size.
+_ALLOC_RESULT = {
+    L.NVOS21.size: (L.NVOS21.offsets["status"], L.NVOS21.offsets["hObjectNew"]),
+    L.NVOS64.size: (L.NVOS64.offsets["status"], L.NVOS64.offsets["hObjectNew"]),
+}
+_TSG = NvClass.KEPLER_CHANNEL_GROUP_A
+
+
+class TenantPolicy(Policy, Protocol):
+    """A policy that resolves contexts to tenants and objects to GPUs (QuotaPolicy)."""
+
+    def context_tenant(self, ctx: int) -> str | None: ...
+
+    def gpu_for(self, parent: Key, tenant: str, upcall: Upcall) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _NewGroup:
+    ctx: int
+    tenant: str
+    gpu: int
+    client: int
+    parent: int
+    tgid: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Free:
+    ctx: int
+    client: int
+    handle: int
+
+
+class SchedPolicy:
+    def __init__(self, inner: TenantPolicy, tracker: GroupTracker) -> None:
+        self.inner = inner
+        self.tracker = tracker
+        self._pending: dict[int, _NewGroup | _Free] = {}  # upcall id -> what its POST completes
+
+    def __getattr__(self, name: str) -> Any:
+        """The inner policy's other members (``restored``...): this one stands in for it."""
+        if name == "inner":  # not set yet: no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def filter(self) -> Filter:
+        filt = self.inner.filter()
+        extra = rm_alloc_channel_groups(post=True)
+        if not any(r.nr == Escape.RM_FREE and r.post for r in filt.rules):
+            extra += (rm_free(post=True),)
+        return filt + Filter(rules=extra)
+
+    def decide(self, request: Request) -> Verdict:
+        verdict = self.inner.decide(request)
+        upcall = request.upcall
+        nr = upcall.nr
+        if (verdict.action is VerdictAction.ALLOW and upcall.kind is UpcallKind.IOCTL
+                and (nr == Escape.RM_ALLOC or nr == Escape.RM_FREE)):
+            self._watch(upcall, request.call)
+        return verdict
+
+    def decide_post(self, request: Request) -> Verdict:
+        upcall = request.upcall
+        self._complete(upcall.id, upcall.ret, upcall.params)
+        return self.inner.decide_post(request)
+
+    def on_event(self, event: Event) -> None:
+        try:
+            self.inner.on_event(event)
+        finally:
+            if type(event) is PostEvent:
+                self._complete(event.upcall_id, event.ret, event.params)
+            elif type(event) is CloseEvent:
+                self._close(event.ctx_id)
+
+    def _watch(self, upcall: Upcall, call: object) -> None:
+        if type(call) is RmAlloc and call.h_class == _TSG:
+            tenant = self.inner.context_tenant(upcall.ctx_id)
+            if tenant is not None:
+                gpu = self.inner.gpu_for(Key(call.h_root, call.h_parent), tenant, upcall)
+                self._pending[upcall.id] = _NewGroup(upcall.ctx_id, tenant, gpu, call.h_root,
+                                                     call.h_parent, upcall.opener.tgid)
+        elif type(call) is RmFree and self.tracker.has_client(call.h_root):
+            self._pending[upcall.id] = _Free(upcall.ctx_id, call.h_root, call.h_object)
+
+    def _complete(self, upcall_id: int, ret: int, params: bytes) -> None:
+        pending = self._pending.pop(upcall_id, None)
+        if pending is None or ret != 0:
+            return
+        if type(pending) is _Free:
+            if _status_ok(params, L.NVOS00.offsets["status"], L.NVOS00.size):
+                self.tracker.freed(pending.client, pending.handle)
+            return
+        where = _ALLOC_RESULT.get(len(params))
+        if where is None or not _status_ok(params, where[0], len(params)):
+            return
+        handle = _U32.unpack_from(params, where[1])[0]
+        if handle:
+            p: _NewGroup = pending  # type: ignore[assignment]
+            self.tracker.add(Group(p.ctx, p.tenant, p.gpu, p.client, handle, p.parent, p.tgid))
+
+    def _close(self, ctx: int) -> None:
+        for upcall_id in [i for i, p in self._pending.items() if p.ctx == ctx]:
+            del self._pending[upcall_id]
+        self.tracker.closed(ctx)
+
+
+def _status_ok(params: bytes, status_off: int, size: int) -> bool:
+    return len(params) == size and _U32.unpack_from(params, status_off)[0] == NvStatus.OK
