@@ -563,6 +563,7 @@ static int vgpu_release(struct inode *inode, struct file *file)
 	};
 
 	vgpu_ctx_unregister(ctx);
+	vgpu_sched_forget(ctx->id);
 	vgpu_event(&ev, NULL, 0, NULL, 0);
 	fput(ctx->backing);
 	kfree_rcu(ctx, rcu);

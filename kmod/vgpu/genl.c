@@ -44,7 +44,8 @@ static void vgpu_extack(struct netlink_ext_ack *extack,
 
 static int vgpu_nl_register(struct sk_buff *skb, struct genl_info *info)
 {
-	u32 version;
+	u32 version, restored;
+	bool fresh;
 	int err;
 
 	if (GENL_REQ_ATTR_CHECK(info, VGPU_A_VERSION))
@@ -64,14 +65,22 @@ static int vgpu_nl_register(struct sk_buff *skb, struct genl_info *info)
 				      version, VGPU_PROTO_VERSION);
 		return -EPROTONOSUPPORT;
 	}
-	err = vgpu_daemon_register(genl_info_net(info), info->snd_portid);
-	if (err == -EBUSY)
+	err = vgpu_daemon_register(genl_info_net(info), info->snd_portid,
+				   &fresh);
+	if (err == -EBUSY) {
 		NL_SET_ERR_MSG(info->extack,
 			       "vgpu: another daemon is registered");
-	else if (!err)
-		pr_info("vgpu: daemon registered (port %u)\n",
-			info->snd_portid);
-	return err;
+		return err;
+	}
+	if (err || !fresh)
+		return err;
+	pr_info("vgpu: daemon registered (port %u)\n", info->snd_portid);
+	/* In the new daemon's process: what a gone daemon left off goes on. */
+	restored = vgpu_sched_restore();
+	if (restored)
+		pr_info("vgpu: %u channel groups left off by the previous daemon turned back on\n",
+			restored);
+	return 0;
 }
 
 static int vgpu_nl_unregister(struct sk_buff *skb, struct genl_info *info)

@@ -88,6 +88,7 @@ static void __exit vgpu_exit(void)
 {
 	vgpu_chardev_exit();
 	vgpu_genl_exit();
+	vgpu_sched_exit();
 	vgpu_upcall_exit();
 	vgpu_filter_exit();
 }

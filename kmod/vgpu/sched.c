@@ -11,13 +11,22 @@
  * own threads could write into it during the call; the daemon is trusted
  * (CAP_NET_ADMIN and the registered port), and the results it would spoil
  * are its own.
+ *
+ * The module remembers the groups it has turned off (until they are turned
+ * on, or their context closes), so that a daemon that dies without turning
+ * them back on does not leave their owners stalled: the next daemon to
+ * register gets them turned on again, in its own process, before it
+ * decides anything (vgpu_sched_restore).
  */
 #include <linux/build_bug.h>
 #include <linux/file.h>
 #include <linux/fs.h>
 #include <linux/ioctl.h>
+#include <linux/list.h>
 #include <linux/mm.h>
 #include <linux/mman.h>
+#include <linux/mutex.h>
+#include <linux/slab.h>
 #include <linux/sched.h>
 #include <linux/sched/signal.h>
 #include <linux/stddef.h>
@@ -69,6 +78,28 @@ struct vgpu_sched_block {
 	struct nvos54 ctl;
 	struct nva06c_gpfifo_schedule params;
 };
+
+/* Most groups remembered as off; an "off" entry past it gets -ENOSPC. */
+#define VGPU_SCHED_OFF_MAX	65536
+
+/**
+ * struct vgpu_sched_off - a channel group this module turned off
+ * @node: in vgpu_sched_offs
+ * @ctx_id: the owner's context
+ * @h_client: the RM client
+ * @h_object: the channel group
+ */
+struct vgpu_sched_off {
+	struct list_head node;
+	u64 ctx_id;
+	u32 h_client;
+	u32 h_object;
+};
+
+/* vgpu_sched_off_lock protects vgpu_sched_offs and vgpu_sched_n_off. */
+static DEFINE_MUTEX(vgpu_sched_off_lock);
+static LIST_HEAD(vgpu_sched_offs);
+static u32 vgpu_sched_n_off;
 
 #define VGPU_RM_CONTROL	_IOC(_IOC_READ | _IOC_WRITE, NV_IOCTL_MAGIC, \
 			     NV_ESC_RM_CONTROL, sizeof(struct nvos54))
@@ -148,6 +179,88 @@ static void vgpu_sched_entry(const struct vgpu_sched *s, unsigned long ubuf,
 	fput(backing);
 }
 
+static struct vgpu_sched_off *vgpu_sched_off_find(const struct vgpu_sched *s)
+{
+	struct vgpu_sched_off *o;
+
+	lockdep_assert_held(&vgpu_sched_off_lock);
+	list_for_each_entry(o, &vgpu_sched_offs, node)
+		if (o->ctx_id == s->ctx_id && o->h_client == s->h_client &&
+		    o->h_object == s->h_object)
+			return o;
+	return NULL;
+}
+
+/*
+ * Record @s as off before it is applied, so that no group is ever off
+ * without a record. Return: 1 recorded here, 0 already recorded, or a
+ * negative errno.
+ */
+static int vgpu_sched_off_add(const struct vgpu_sched *s)
+{
+	struct vgpu_sched_off *rec;
+	int ret = 1;
+
+	rec = kzalloc(sizeof(*rec), GFP_KERNEL);
+	if (!rec)
+		return -ENOMEM;
+	rec->ctx_id = s->ctx_id;
+	rec->h_client = s->h_client;
+	rec->h_object = s->h_object;
+	mutex_lock(&vgpu_sched_off_lock);
+	if (vgpu_sched_off_find(s)) {
+		ret = 0;
+	} else if (vgpu_sched_n_off >= VGPU_SCHED_OFF_MAX) {
+		ret = -ENOSPC;
+	} else {
+		list_add_tail(&rec->node, &vgpu_sched_offs);
+		vgpu_sched_n_off++;
+		rec = NULL;
+	}
+	mutex_unlock(&vgpu_sched_off_lock);
+	kfree(rec);
+	return ret;
+}
+
+static void vgpu_sched_off_del(const struct vgpu_sched *s)
+{
+	struct vgpu_sched_off *o;
+
+	mutex_lock(&vgpu_sched_off_lock);
+	o = vgpu_sched_off_find(s);
+	if (o) {
+		list_del(&o->node);
+		vgpu_sched_n_off--;
+	}
+	mutex_unlock(&vgpu_sched_off_lock);
+	kfree(o);
+}
+
+/*
+ * Apply one entry and keep the record of the groups turned off: an "on"
+ * that succeeds drops the record, an "off" recorded here that fails too.
+ * Records are found again by key: a close or a registration may drop them
+ * in between.
+ */
+static void vgpu_sched_apply(const struct vgpu_sched *s, unsigned long ubuf,
+			     struct vgpu_sched_result *r)
+{
+	int added = 0;
+	bool ok;
+
+	if (!s->enable) {
+		added = vgpu_sched_off_add(s);
+		if (added < 0) {
+			r->error = added;
+			return;
+		}
+	}
+	vgpu_sched_entry(s, ubuf, r);
+	ok = !r->error && !r->status;
+	if (s->enable ? ok : !ok && added)
+		vgpu_sched_off_del(s);
+}
+
 /**
  * vgpu_schedule - apply SCHEDULE entries, in order
  * @in: the entries
@@ -192,7 +305,7 @@ int vgpu_schedule(const struct vgpu_sched *in, u32 n,
 	for (i = 0; i < n; i++) {
 		out[i] = (struct vgpu_sched_result) {};
 		t0 = trace_vgpu_schedule_enabled() ? ktime_get_ns() : 0;
-		vgpu_sched_entry(&in[i], ubuf, &out[i]);
+		vgpu_sched_apply(&in[i], ubuf, &out[i]);
 		if (trace_vgpu_schedule_enabled())
 			trace_vgpu_schedule(in[i].ctx_id, in[i].h_client,
 					    in[i].h_object, in[i].enable,
@@ -202,4 +315,80 @@ int vgpu_schedule(const struct vgpu_sched *in, u32 n,
 
 	vm_munmap(ubuf, PAGE_SIZE);
 	return 0;
+}
+
+/**
+ * vgpu_sched_restore - turn on every group a gone daemon left off
+ *
+ * Called when a daemon registers, in its process context (the driver reads
+ * the control from the current process's memory). Records whose group or
+ * context is gone are dropped like the others.
+ *
+ * Return: how many groups were turned back on.
+ */
+u32 vgpu_sched_restore(void)
+{
+	struct vgpu_sched_off *o, *tmp;
+	struct vgpu_sched_result r;
+	struct vgpu_sched s = { .enable = 1 };
+	unsigned long ubuf;
+	LIST_HEAD(offs);
+	u32 restored = 0;
+
+	mutex_lock(&vgpu_sched_off_lock);
+	list_splice_init(&vgpu_sched_offs, &offs);
+	vgpu_sched_n_off = 0;
+	mutex_unlock(&vgpu_sched_off_lock);
+	if (list_empty(&offs))
+		return 0;
+
+	ubuf = current->mm ? vm_mmap(NULL, 0, PAGE_SIZE, PROT_READ | PROT_WRITE,
+				     MAP_PRIVATE | MAP_ANONYMOUS, 0) : -ENOMEM;
+	list_for_each_entry_safe(o, tmp, &offs, node) {
+		if (!IS_ERR_VALUE(ubuf)) {
+			s.ctx_id = o->ctx_id;
+			s.h_client = o->h_client;
+			s.h_object = o->h_object;
+			r = (struct vgpu_sched_result) {};
+			vgpu_sched_entry(&s, ubuf, &r);
+			if (!r.error && !r.status)
+				restored++;
+		}
+		list_del(&o->node);
+		kfree(o);
+	}
+	if (IS_ERR_VALUE(ubuf))
+		pr_warn("vgpu: could not map a page to turn channel groups back on\n");
+	else
+		vm_munmap(ubuf, PAGE_SIZE);
+	return restored;
+}
+
+/* The context is gone: its groups went with its client. */
+void vgpu_sched_forget(u64 ctx_id)
+{
+	struct vgpu_sched_off *o, *tmp;
+
+	mutex_lock(&vgpu_sched_off_lock);
+	list_for_each_entry_safe(o, tmp, &vgpu_sched_offs, node) {
+		if (o->ctx_id == ctx_id) {
+			list_del(&o->node);
+			vgpu_sched_n_off--;
+			kfree(o);
+		}
+	}
+	mutex_unlock(&vgpu_sched_off_lock);
+}
+
+void vgpu_sched_exit(void)
+{
+	struct vgpu_sched_off *o, *tmp;
+
+	mutex_lock(&vgpu_sched_off_lock);
+	list_for_each_entry_safe(o, tmp, &vgpu_sched_offs, node) {
+		list_del(&o->node);
+		kfree(o);
+	}
+	vgpu_sched_n_off = 0;
+	mutex_unlock(&vgpu_sched_off_lock);
 }

@@ -145,10 +145,11 @@ static bool vgpu_daemon_match_locked(struct net *net, u32 portid)
 	       net_eq(vgpu_daemon.net, net);
 }
 
-int vgpu_daemon_register(struct net *net, u32 portid)
+int vgpu_daemon_register(struct net *net, u32 portid, bool *fresh)
 {
 	int err = 0;
 
+	*fresh = false;
 	spin_lock(&vgpu_daemon.lock);
 	if (vgpu_daemon.portid) {
 		if (!vgpu_daemon_match_locked(net, portid))
@@ -156,6 +157,7 @@ int vgpu_daemon_register(struct net *net, u32 portid)
 	} else {
 		vgpu_daemon.net = get_net(net);
 		vgpu_daemon.portid = portid;
+		*fresh = true;
 	}
 	spin_unlock(&vgpu_daemon.lock);
 	return err;

@@ -148,6 +148,9 @@ u32 vgpu_ctx_list(u64 start, struct vgpu_context *out, u32 max, u64 *next);
 /* sched.c */
 int vgpu_schedule(const struct vgpu_sched *in, u32 n,
 		  struct vgpu_sched_result *out, const char **why);
+u32 vgpu_sched_restore(void);
+void vgpu_sched_forget(u64 ctx_id);
+void vgpu_sched_exit(void);
 
 /* fdxlate.c */
 /**
@@ -253,7 +256,7 @@ int vgpu_verdict(struct net *net, u32 portid, const struct vgpu_verdict *v,
 		 const struct vgpu_blocks *b, const char **why);
 void vgpu_event(const struct vgpu_event *ev, const void *params, u32 plen,
 		const void *data, u32 dlen);
-int vgpu_daemon_register(struct net *net, u32 portid);
+int vgpu_daemon_register(struct net *net, u32 portid, bool *fresh);
 int vgpu_daemon_unregister(struct net *net, u32 portid);
 void vgpu_daemon_gone(struct net *net, u32 portid);
 u32 vgpu_daemon_portid(void);

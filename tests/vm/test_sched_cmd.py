@@ -465,3 +465,51 @@ def test_schedule_races_close(vgpu: Path) -> None:
     assert not failures, failures
     assert ok and gone and len(published) > 10, (ok, gone, len(published))
     assert module_contexts() == 0
+
+
+def _dmesg() -> str:
+    return subprocess.run(["dmesg"], capture_output=True, text=True, check=False).stdout
+
+
+def test_groups_a_gone_daemon_left_off_go_back_on(vgpu: Path, owners: list[Owner]) -> None:
+    """The module turns back on, at the next registration, what a dead daemon left off."""
+    owner = start_owner(owners, vgpu)
+    ctx = owner.ctx().ctx_id
+    client, (g0, g1, g2) = owner.info["client"], owner.info["tsgs"]
+    quitter = start_owner(owners, vgpu)
+    q_ctx, q_client, q_group = quitter.ctx().ctx_id, quitter.info["client"], quitter.info["tsgs"][0]
+
+    async def main() -> None:
+        first = await GenlChannel.open()
+        await first.register()
+        assert await first.schedule([Sched(ctx, client, g0, False), Sched(ctx, client, g1, False),
+                                     Sched(q_ctx, q_client, q_group, False)]) == [OK] * 3
+        assert await first.schedule([Sched(ctx, client, g1, True)]) == [OK]
+        await first.register()  # the same daemon again: nothing changes
+        assert [group_enabled(client, g) for g in (g0, g1, g2)] == [False, True, True]
+        quitter.close()  # its context goes, and the record of its group with it
+        first.close()  # dies without turning g0 back on
+        assert group_enabled(client, g0) is False
+        second = await GenlChannel.open()
+        try:
+            await second.register()
+            assert [group_enabled(client, g) for g in (g0, g1, g2)] == [True, True, True]
+            assert await second.schedule([Sched(ctx, client, g2, False)]) == [OK]
+            assert await second.schedule([Sched(ctx, client, g2, True)]) == [OK]
+        finally:
+            second.close()
+        third = await GenlChannel.open()  # nothing was left off this time
+        try:
+            await third.register()
+        finally:
+            third.close()
+
+    def restores() -> list[str]:
+        return [line for line in _dmesg().splitlines() if "left off by the previous" in line]
+
+    before = len(restores())
+    aio(main())
+    new = restores()[before:]
+    assert len(new) == 1 and "vgpu: 1 channel groups" in new[0], new
+    owner.close()
+    assert module_contexts() == 0

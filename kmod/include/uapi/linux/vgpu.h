@@ -349,7 +349,8 @@ enum vgpu_cmd {
 	VGPU_CMD_LIST_CONTEXTS,
 	/*
 	 * daemon -> kernel (registered daemon only): SCHED, applied in order
-	 * through each owner's backing file; the reply carries SCHED_RESULT
+	 * through each owner's backing file; the reply carries SCHED_RESULT.
+	 * Groups turned off are turned back on when a new daemon registers.
 	 */
 	VGPU_CMD_SCHEDULE,
 
