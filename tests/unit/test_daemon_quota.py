@@ -193,7 +193,7 @@ def test_restart_keeps_the_charges_of_live_contexts(
 ) -> None:
     caplog.set_level(logging.INFO)
     first = World(tmp_path, "off")
-    assert not first.policy.restored
+    assert not first.policy.inner.restored
     run(_serve_and_allocate(first))
     assert Cmd.LIST_CONTEXTS not in first.kernel.requests  # nothing restored: no question
     assert first.admin.manager.usage("a")[0].charged == 768 * MIB
@@ -201,7 +201,7 @@ def test_restart_keeps_the_charges_of_live_contexts(
     (tmp_path / "notify").unlink()
 
     again = World(tmp_path, "off")
-    assert again.policy.restored == {7, 8}
+    assert again.policy.inner.restored == {7, 8}
     again.kernel.contexts = [make_context(7), make_context(9)]  # 8 closed while no daemon ran
 
     async def main():

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from vgpud.core.ledger import Key
 from vgpud.kernel.codec import CloseEvent, Event, PostEvent, Upcall
@@ -70,12 +70,6 @@ class SchedPolicy:
         self.inner = inner
         self.tracker = tracker
         self._pending: dict[int, _NewGroup | _Free] = {}  # upcall id -> what its POST completes
-
-    def __getattr__(self, name: str) -> Any:
-        """The inner policy's other members (``restored``...): this one stands in for it."""
-        if name == "inner":  # not set yet: no recursion
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
     def filter(self) -> Filter:
         filt = self.inner.filter()
