@@ -6,6 +6,7 @@ other machine they are skipped, since the kernel modules cannot be loaded.
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -67,6 +68,20 @@ def wait_path(path: Path, timeout: float = 5.0) -> None:
     while not path.exists():
         assert time.monotonic() < deadline, f"{path} did not appear"
         time.sleep(0.01)
+
+
+def remove_cgroup(path: Path, timeout: float = 10.0) -> None:
+    """Kill what is left in it, then rmdir once the killed have been reaped."""
+    (path / "cgroup.kill").write_text("1")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            path.rmdir()
+            return
+        except OSError as exc:  # EBUSY while a killed member is still exiting
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def set_param(module: str, name: str, value: str) -> None:

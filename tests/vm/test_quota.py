@@ -6,12 +6,10 @@ tenant's cgroup v2 (created under /sys/fs/cgroup for the test).
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +19,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
 import nvclient as nv
-from conftest import NVSIM_DIR, NVSIM_KO, VGPU_DIR, VGPU_KO, insmod, rmmod, wait_path
+from conftest import (
+    NVSIM_DIR,
+    NVSIM_KO,
+    VGPU_DIR,
+    VGPU_KO,
+    insmod,
+    remove_cgroup,
+    rmmod,
+    wait_path,
+)
 from dbus_fixtures import PrivateBus
 
 from vgpud.journal import current_identity
@@ -68,21 +75,8 @@ def cgroups() -> Iterator[dict[str, Path]]:
         path.mkdir(exist_ok=True)
     yield groups
     for path in groups.values():
-        _remove_cgroup(path)
+        remove_cgroup(path)
 
-
-def _remove_cgroup(path: Path, timeout: float = 10.0) -> None:
-    """Kill what is left in it, then rmdir once the killed have been reaped."""
-    (path / "cgroup.kill").write_text("1")
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            path.rmdir()
-            return
-        except OSError as exc:  # EBUSY while a killed member is still exiting
-            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
 import nvclient as nv
+from conftest import remove_cgroup
 from dbus_fixtures import PrivateBus
 
 from vgpud.admin.client import AdminClient
@@ -138,7 +139,7 @@ def tdma(vgpu: Path, daemon_factory, tmp_path: Path):
             d.kill()
             print(d.log())  # shown when the test fails
         for path in made:
-            path.rmdir()
+            remove_cgroup(path)
         bus.close()
         del os.environ["DBUS_SYSTEM_BUS_ADDRESS"]
 
