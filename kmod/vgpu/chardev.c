@@ -368,10 +368,12 @@ static long vgpu_ioctl_slow(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 		} else {
 			ret = vgpu_forward(ctx, c);
 			dret = ret;
-			if ((v.flags & VGPU_VERDICT_F_POST) ||
-			    (r.flags & VGPU_RULE_F_POST))
+			if (v.flags || (r.flags & VGPU_RULE_F_POST))
 				vgpu_reread(c, &s);
 		}
+		/* Off before the caller, or the daemon, hears of the group. */
+		if ((v.flags & VGPU_VERDICT_F_SCHED_OFF) && !dret && m->params)
+			vgpu_sched_new_group(ctx, s.params, m->params_len);
 		if (v.flags & VGPU_VERDICT_F_POST)
 			ret = vgpu_post_upcall(c, &s, dret, ret);
 		else if (r.flags & VGPU_RULE_F_POST)

@@ -39,7 +39,29 @@
 
 #define NV_IOCTL_MAGIC			'F'
 #define NV_ESC_RM_CONTROL		0x2A
+#define NV_ESC_RM_ALLOC			0x2B
 #define NVA06C_CTRL_CMD_GPFIFO_SCHEDULE	0xA06C0101
+#define KEPLER_CHANNEL_GROUP_A		0xA06C
+
+/* RM_ALLOC params: NVOS21 (32 bytes) or NVOS64 (48), and where their status lies. */
+#define NVOS21_SIZE			32
+#define NVOS21_STATUS			28
+#define NVOS64_SIZE			48
+#define NVOS64_STATUS			40
+
+/**
+ * struct nvos21_head - what NVOS21 and NVOS64 begin with
+ * @h_root: the RM client
+ * @h_object_parent: the parent object
+ * @h_object_new: the new object's handle (after the call: as the driver left it)
+ * @h_class: the new object's class
+ */
+struct nvos21_head {
+	u32 h_root;
+	u32 h_object_parent;
+	u32 h_object_new;
+	u32 h_class;
+};
 
 /**
  * struct nvos54 - params of NV_ESC_RM_CONTROL
@@ -118,7 +140,7 @@ static void vgpu_sched_one(struct file *backing, const struct vgpu_sched *s,
 	blk.ctl.cmd = NVA06C_CTRL_CMD_GPFIFO_SCHEDULE;
 	blk.ctl.params = ubuf + offsetof(struct vgpu_sched_block, params);
 	blk.ctl.params_size = sizeof(blk.params);
-	blk.params.enable = s->enable;
+	blk.params.enable = s->enable == VGPU_SCHED_ON;
 	if (!backing->f_op->unlocked_ioctl) {
 		r->error = -ENOTTY;
 		return;
@@ -148,8 +170,8 @@ static int vgpu_sched_check(const struct vgpu_sched *in, u32 n,
 			*why = "vgpu: SCHED entry with nonzero reserved field";
 			return -EINVAL;
 		}
-		if (in[i].enable > 1) {
-			*why = "vgpu: SCHED entry with enable other than 0 or 1";
+		if (in[i].enable > VGPU_SCHED_OWNER_OFF) {
+			*why = "vgpu: SCHED entry with an unknown enable state";
 			return -EINVAL;
 		}
 	}
@@ -237,10 +259,10 @@ static void vgpu_sched_off_del(const struct vgpu_sched *s)
 }
 
 /*
- * Apply one entry and keep the record of the groups turned off: an "on"
- * that succeeds drops the record, an "off" recorded here that fails too.
- * Records are found again by key: a close or a registration may drop them
- * in between.
+ * Apply one entry and keep the record of the groups turned off: an "on" or
+ * an owner's "off" that succeeds drops the record, an "off" recorded here
+ * that fails too. Records are found again by key: a close or a
+ * registration may drop them in between.
  */
 static void vgpu_sched_apply(const struct vgpu_sched *s, unsigned long ubuf,
 			     struct vgpu_sched_result *r)
@@ -248,7 +270,7 @@ static void vgpu_sched_apply(const struct vgpu_sched *s, unsigned long ubuf,
 	int added = 0;
 	bool ok;
 
-	if (!s->enable) {
+	if (s->enable == VGPU_SCHED_OFF) {
 		added = vgpu_sched_off_add(s);
 		if (added < 0) {
 			r->error = added;
@@ -257,7 +279,7 @@ static void vgpu_sched_apply(const struct vgpu_sched *s, unsigned long ubuf,
 	}
 	vgpu_sched_entry(s, ubuf, r);
 	ok = !r->error && !r->status;
-	if (s->enable ? ok : !ok && added)
+	if (s->enable == VGPU_SCHED_OFF ? !ok && added : ok)
 		vgpu_sched_off_del(s);
 }
 
@@ -317,6 +339,72 @@ int vgpu_schedule(const struct vgpu_sched *in, u32 n,
 	return 0;
 }
 
+/* Is @nr / @size an RM_ALLOC whose params vgpu_sched_new_group() reads? */
+bool vgpu_sched_alloc_layout(u32 nr, u32 size)
+{
+	return nr == NV_ESC_RM_ALLOC &&
+	       (size == NVOS21_SIZE || size == NVOS64_SIZE);
+}
+
+/**
+ * vgpu_sched_new_group - turn off a channel group the caller has just made
+ * @ctx: the caller's context, whose file the RM_ALLOC went through
+ * @params: the RM_ALLOC params as the driver left them
+ * @size: their size, NVOS21_SIZE or NVOS64_SIZE (checked with the verdict)
+ *
+ * Runs in the caller's process before its RM_ALLOC returns (the driver
+ * reads the control from the current process's memory), so the group is
+ * off before the caller has its handle: it cannot have had work to run. A
+ * call that made anything but a channel group is left alone. The group is
+ * remembered as off like a SCHEDULE entry; one that could not be turned
+ * off shows in the vgpu_schedule tracepoint, and the daemon, which learns
+ * of it from the POST that follows, turns it off in its turn.
+ */
+void vgpu_sched_new_group(struct vgpu_ctx *ctx, const void *params, u32 size)
+{
+	struct vgpu_sched s = { .ctx_id = ctx->id };
+	struct vgpu_sched_result r = {};
+	struct nvos21_head head;
+	unsigned long ubuf;
+	u32 status;
+	int added;
+	u64 t0;
+
+	BUILD_BUG_ON(sizeof(struct nvos21_head) != 16);
+	if (!vgpu_sched_alloc_layout(NV_ESC_RM_ALLOC, size))
+		return;
+	memcpy(&head, params, sizeof(head));
+	memcpy(&status, params + (size == NVOS21_SIZE ? NVOS21_STATUS :
+				   NVOS64_STATUS), sizeof(status));
+	if (status || head.h_class != KEPLER_CHANNEL_GROUP_A ||
+	    !head.h_object_new || !current->mm)
+		return;
+	s.h_client = head.h_root;
+	s.h_object = head.h_object_new;
+
+	t0 = trace_vgpu_schedule_enabled() ? ktime_get_ns() : 0;
+	added = vgpu_sched_off_add(&s);
+	if (added < 0) {
+		r.error = added;
+		goto out;
+	}
+	ubuf = vm_mmap(NULL, 0, PAGE_SIZE, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, 0);
+	if (IS_ERR_VALUE(ubuf)) {
+		r.error = (int)ubuf;
+	} else {
+		vgpu_sched_one(ctx->backing, &s, ubuf, &r);
+		vm_munmap(ubuf, PAGE_SIZE);
+	}
+	if ((r.error || r.status) && added)
+		vgpu_sched_off_del(&s);
+out:
+	if (trace_vgpu_schedule_enabled())
+		trace_vgpu_schedule(s.ctx_id, s.h_client, s.h_object, 0,
+				    r.error, r.status,
+				    t0 ? ktime_get_ns() - t0 : 0);
+}
+
 /**
  * vgpu_sched_restore - turn on every group a gone daemon left off
  *
@@ -330,7 +418,7 @@ u32 vgpu_sched_restore(void)
 {
 	struct vgpu_sched_off *o, *tmp;
 	struct vgpu_sched_result r;
-	struct vgpu_sched s = { .enable = 1 };
+	struct vgpu_sched s = { .enable = VGPU_SCHED_ON };
 	unsigned long ubuf;
 	LIST_HEAD(offs);
 	u32 restored = 0;

@@ -28,6 +28,7 @@
  * @node: link in vgpu_daemon.pending; empty once the request is owned
  * @id: the upcall id
  * @kind: enum vgpu_upcall_kind, decides which verdicts fit
+ * @nr: the escape number (VGPU_VERDICT_F_SCHED_OFF fits RM_ALLOC only)
  * @params_len: size of the params sent (0: none), bounds FAIL_STATUS's
  *	offset and is the exact size of a REPLY's PARAMS
  * @data_len: size of the data sent (0: none), exact size of a REPLY's DATA
@@ -47,6 +48,7 @@ struct vgpu_req {
 	struct list_head node;
 	u64 id;
 	u32 kind;
+	u32 nr;
 	u32 params_len;
 	u32 data_len;
 	void *reply_params;
@@ -286,6 +288,7 @@ int vgpu_upcall(struct vgpu_upcall_msg *msg, struct vgpu_verdict *v)
 
 	req.id = msg->hdr.id ? msg->hdr.id : atomic64_inc_return(&vgpu_upcall_ids);
 	req.kind = msg->hdr.kind;
+	req.nr = msg->hdr.nr;
 	req.params_len = msg->params ? msg->params_len : 0;
 	req.data_len = msg->data ? msg->data_len : 0;
 	req.reply_params = msg->reply_params;
@@ -358,12 +361,12 @@ static int vgpu_verdict_check(const struct vgpu_verdict *v,
 		*why = "verdict reserved must be 0";
 		return -EINVAL;
 	}
-	if (v->flags & ~VGPU_VERDICT_F_POST) {
+	if (v->flags & ~(VGPU_VERDICT_F_POST | VGPU_VERDICT_F_SCHED_OFF)) {
 		*why = "unknown verdict flags";
 		return -EINVAL;
 	}
-	if ((v->flags & VGPU_VERDICT_F_POST) && v->action != VGPU_VERDICT_ALLOW) {
-		*why = "VGPU_VERDICT_F_POST needs the action ALLOW";
+	if (v->flags && v->action != VGPU_VERDICT_ALLOW) {
+		*why = "verdict flags need the action ALLOW";
 		return -EINVAL;
 	}
 	switch (v->action) {
@@ -406,6 +409,12 @@ static int vgpu_verdict_fits(const struct vgpu_req *req,
 		if ((v->flags & VGPU_VERDICT_F_POST) &&
 		    req->kind != VGPU_UPCALL_IOCTL) {
 			*why = "VGPU_VERDICT_F_POST only answers an IOCTL upcall";
+			return -EINVAL;
+		}
+		if ((v->flags & VGPU_VERDICT_F_SCHED_OFF) &&
+		    (req->kind != VGPU_UPCALL_IOCTL ||
+		     !vgpu_sched_alloc_layout(req->nr, req->params_len))) {
+			*why = "VGPU_VERDICT_F_SCHED_OFF needs an RM_ALLOC upcall";
 			return -EINVAL;
 		}
 		return 0;

@@ -148,6 +148,8 @@ u32 vgpu_ctx_list(u64 start, struct vgpu_context *out, u32 max, u64 *next);
 /* sched.c */
 int vgpu_schedule(const struct vgpu_sched *in, u32 n,
 		  struct vgpu_sched_result *out, const char **why);
+bool vgpu_sched_alloc_layout(u32 nr, u32 size);
+void vgpu_sched_new_group(struct vgpu_ctx *ctx, const void *params, u32 size);
 u32 vgpu_sched_restore(void);
 void vgpu_sched_forget(u64 ctx_id);
 void vgpu_sched_exit(void);

@@ -69,12 +69,12 @@ def test_register_filter_stats_unregister() -> None:
 @pytest.mark.parametrize(("err", "exc", "text"), [
     (errno.EBUSY, ch.AlreadyRegistered, "another vgpud is registered"),
     (errno.EPERM, ch.NotPermitted, "CAP_NET_ADMIN"),
-    (errno.EPROTONOSUPPORT, ch.ProtocolMismatch, "module speaks protocol v3, daemon v2"),
+    (errno.EPROTONOSUPPORT, ch.ProtocolMismatch, "module speaks protocol v4, daemon v3"),
     (errno.EINVAL, ch.RequestFailed, "register failed: Invalid argument"),
 ])
 def test_register_errors(err: int, exc: type, text: str) -> None:
     async def main():
-        channel, kernel = await pair(errors={Cmd.REGISTER: err}, stats=make_stats(version=3))
+        channel, kernel = await pair(errors={Cmd.REGISTER: err}, stats=make_stats(version=4))
         with pytest.raises(exc, match=text):
             await channel.register()
         channel.close()

@@ -60,6 +60,7 @@ PY_DEFINES = {
     "VGPU_FILTER_OPEN": uapi.FILTER_OPEN,
     "VGPU_FILTER_UVM_MMAP": uapi.FILTER_UVM_MMAP,
     "VGPU_VERDICT_F_POST": uapi.VERDICT_F_POST,
+    "VGPU_VERDICT_F_SCHED_OFF": uapi.VERDICT_F_SCHED_OFF,
     "VGPU_UPCALL_F_XFER": uapi.UPCALL_F_XFER,
     "VGPU_UPCALL_F_DATA_FAULT": uapi.UPCALL_F_DATA_FAULT,
     "VGPU_UPCALL_F_DATA_BIG": uapi.UPCALL_F_DATA_BIG,
@@ -74,6 +75,7 @@ PY_ENUMS = {
     "vgpu_event_kind": ("VGPU_EVENT_", uapi.EventKind),
     "vgpu_cmd": ("VGPU_CMD_", uapi.Cmd),
     "vgpu_attr": ("VGPU_A_", uapi.Attr),
+    "vgpu_sched_state": ("VGPU_SCHED_", uapi.SchedState),
 }
 
 

@@ -9,8 +9,9 @@ returned actions in order; it wakes the scheduler again at `next_deadline()`:
 
 A tenant is switched by turning its channel groups (TSGs) off and on. Every
 plan lists the outgoing tenant's GroupsOff before the incoming GroupsOn. A
-group created while its tenant is not running comes back as GroupsOff at once
-(the driver schedules a new TSG by default).
+new group gets its tenant's state at once: GroupsOn while the tenant is
+running, else GroupsOff. (The module makes new groups off, and the driver
+schedules a new TSG by default: the explicit state is right after either.)
 
 Algorithm: deficit round robin (DRR) over a ring of tenants sorted by id.
 Frames are fixed wall-clock windows of `frame_us` from the first call. The
@@ -353,8 +354,8 @@ class TdmaScheduler:
                 tenant.staged = replace(tenant.staged, priority=priority)
             case GroupCreated(tenant=tid, group=group):
                 self._tenants[tid].groups.add(group)
-                if tid != self._running:
-                    actions.append(GroupsOff(tid, (group,)))
+                state = GroupsOn if tid == self._running else GroupsOff
+                actions.append(state(tid, (group,)))
             case GroupFreed(tenant=tid, group=group):
                 self._tenants[tid].groups.discard(group)
 

@@ -1,4 +1,4 @@
-"""Mirror of kmod/include/uapi/linux/vgpu.h (protocol v2).
+"""Mirror of kmod/include/uapi/linux/vgpu.h (protocol v3).
 
 Kept in agreement with the header by tests/unit/test_uapi_header.py (values)
 and tests/unit/test_uapi_layout.py (sizes and offsets, from gcc).
@@ -14,7 +14,7 @@ from vgpud.kernel.cstruct import CStruct
 
 GENL_NAME = "vgpu"
 GENL_VERSION = 1
-PROTO_VERSION = 2
+PROTO_VERSION = 3
 
 OFF_NONE = 0xFFFFFFFF
 RULE_MATCH_MAX = 32
@@ -31,6 +31,7 @@ UPCALL_F_DATA_FAULT = 1 << 1
 UPCALL_F_DATA_BIG = 1 << 2
 
 VERDICT_F_POST = 1 << 0
+VERDICT_F_SCHED_OFF = 1 << 1  # ALLOW of RM_ALLOC: a new channel group is made off
 
 LIST_MAX = 1024  # contexts in one LIST_CONTEXTS reply
 SCHED_MAX = 256  # entries in one SCHEDULE request
@@ -305,6 +306,8 @@ class Verdict(NamedTuple):
 ALLOW = Verdict(VerdictAction.ALLOW)
 # ALLOW, then a POST upcall (not a POST event) when the driver has returned.
 ALLOW_POST = Verdict(VerdictAction.ALLOW, flags=VERDICT_F_POST)
+# ALLOW an RM_ALLOC; a channel group it makes is turned off before the call returns.
+ALLOW_SCHED_OFF = Verdict(VerdictAction.ALLOW, flags=VERDICT_F_SCHED_OFF)
 
 
 class MmapParams(NamedTuple):
@@ -364,13 +367,23 @@ class Context(NamedTuple):
         return cls(ctx_id, cgroup_id, Node(node), *rest)
 
 
+class SchedState(IntEnum):
+    """enum vgpu_sched_state: what a SCHEDULE entry makes of its group."""
+
+    OFF = 0  # remembered by the module: on again if the daemon dies
+    ON = 1
+    OWNER_OFF = 2  # off for its owner: stays off without a daemon
+
+
 class Sched(NamedTuple):
-    """struct vgpu_sched: turn one channel group's scheduling on or off."""
+    """struct vgpu_sched: turn one channel group's scheduling on or off.
+
+    ``enable``: a SchedState (True and False are ON and OFF)."""
 
     ctx_id: int
     h_client: int
     h_object: int
-    enable: bool
+    enable: int
 
     def pack(self) -> bytes:
         return SCHED.struct.pack(self.ctx_id, self.h_client, self.h_object, int(self.enable), 0)

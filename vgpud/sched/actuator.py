@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from vgpud.kernel import uapi
-from vgpud.kernel.uapi import Sched, SchedResult
+from vgpud.kernel.uapi import Sched, SchedResult, SchedState
 from vgpud.nvidia.escapes import NvStatus
 
 __all__ = ["Actuator", "ActuatorStats", "ModuleActuator", "ScheduleChannel"]
@@ -110,7 +110,7 @@ class ModuleActuator:
             stats.failed += 1
             self._warn("schedule of group %#x (client %#x, context %d, %s) failed: "
                        "errno %d, NVIDIA status %#x", entry.h_object, entry.h_client,
-                       entry.ctx_id, "on" if entry.enable else "off", -result.error,
+                       entry.ctx_id, SchedState(entry.enable).name, -result.error,
                        result.status)
 
     def _warn(self, fmt: str, *args: object) -> None:

@@ -4,6 +4,9 @@ A group is named by its client and handle (RM handles are unique within a
 client, clients are unique in the driver). Its parent is a device (NV01_DEVICE_0:
 the driver allows no other parent for KEPLER_CHANNEL_GROUP_A), so a group goes
 away with its own free, its device's, its client's, or its context's close.
+
+A group its owner turned off (GPFIFO_SCHEDULE off) is paused: it stays known,
+but is not the scheduler's to turn on until its owner turns it on again.
 """
 
 from __future__ import annotations
@@ -43,12 +46,17 @@ class GroupSink(Protocol):
 
     def group_freed(self, group: Group) -> None: ...
 
+    def group_paused(self, group: Group, paused: bool) -> None:
+        """Its owner turned it off (paused) or on again (not paused)."""
+        ...
+
 
 class GroupTracker:
     def __init__(self) -> None:
         self._groups: dict[int, Group] = {}  # by group_id
         self._view = MappingProxyType(self._groups)
         self._by_client: dict[int, set[int]] = {}  # client -> group ids
+        self._paused: set[int] = set()  # group ids
         self.sinks: list[GroupSink] = []
 
     def __len__(self) -> int:
@@ -78,6 +86,20 @@ class GroupTracker:
         for sink in self.sinks:
             sink.group_created(group)
 
+    def paused(self, group: Group) -> bool:
+        return group.id in self._paused
+
+    def set_paused(self, group: Group, paused: bool) -> None:
+        """The owner turned a known group off (paused) or on; a repeat is no change."""
+        if group.id not in self._groups or paused == (group.id in self._paused):
+            return
+        if paused:
+            self._paused.add(group.id)
+        else:
+            self._paused.discard(group.id)
+        for sink in self.sinks:
+            sink.group_paused(group, paused)
+
     def freed(self, client: int, handle: int) -> list[Group]:
         """RM_FREE of (client, handle) succeeded: the groups it took with it."""
         ids = self._by_client.get(client, ())
@@ -96,6 +118,7 @@ class GroupTracker:
 
     def _drop(self, group: Group) -> None:
         del self._groups[group.id]
+        self._paused.discard(group.id)
         ids = self._by_client[group.client]
         ids.discard(group.id)
         if not ids:

@@ -11,21 +11,40 @@ only watches:
   or its client;
 - CLOSE events: the context's groups.
 The tracker tells its sinks (the scheduler service).
+
+Two answers make sure that no group runs outside its tenant's slot:
+- a channel-group alloc is allowed with VERDICT_F_SCHED_OFF: the module turns
+  the new group off before the call returns, so it is off before its owner
+  has its handle; the scheduler turns it on in its tenant's slots;
+- the owner's own GPFIFO_SCHEDULE on a known group never reaches the driver
+  (the rule is shadowed, so the driver could only act on the checked copy):
+  the daemon answers NV_OK and records the owner's wish. "Off" pauses the
+  group (the scheduler turns it off for good, VGPU_SCHED_OWNER_OFF, and lets
+  it be), "on" hands it back to the scheduler. Another tenant's group: EPERM.
+  A group the daemon does not know (not a tenant's) is the driver's business.
 """
 
 from __future__ import annotations
 
+import errno
 import struct
 from dataclasses import dataclass
 from typing import Protocol
 
 from vgpud.core.ledger import Key
 from vgpud.kernel.codec import CloseEvent, Event, PostEvent, Upcall
-from vgpud.kernel.uapi import Filter, UpcallKind, Verdict, VerdictAction
+from vgpud.kernel.uapi import (
+    UPCALL_F_DATA_FAULT,
+    VERDICT_F_SCHED_OFF,
+    Filter,
+    UpcallKind,
+    Verdict,
+    VerdictAction,
+)
 from vgpud.nvidia import layouts as L
-from vgpud.nvidia.escapes import Escape, NvClass, NvStatus
-from vgpud.nvidia.layouts import RmAlloc, RmFree
-from vgpud.nvidia.rules import rm_alloc_channel_groups, rm_free
+from vgpud.nvidia.escapes import Ctrl, Escape, NvClass, NvStatus
+from vgpud.nvidia.layouts import RmAlloc, RmControl, RmFree
+from vgpud.nvidia.rules import rm_alloc_channel_groups, rm_control_cmds, rm_free
 from vgpud.policy import Policy, Request
 from vgpud.sched.groups import Group, GroupTracker
 
@@ -38,6 +57,9 @@ _ALLOC_RESULT = {
     L.NVOS64.size: (L.NVOS64.offsets["status"], L.NVOS64.offsets["hObjectNew"]),
 }
 _TSG = NvClass.KEPLER_CHANNEL_GROUP_A
+_CONTROL_STATUS = L.NVOS54.offsets["status"]
+_SCHEDULE_SIZE = 3  # NVA06C_CTRL_GPFIFO_SCHEDULE_PARAMS: bEnable, bSkipSubmit, bSkipEnable
+_OWNER_OK = Verdict.fail_status(NvStatus.OK, _CONTROL_STATUS)
 
 
 class TenantPolicy(Policy, Protocol):
@@ -73,18 +95,26 @@ class SchedPolicy:
 
     def filter(self) -> Filter:
         filt = self.inner.filter()
-        extra = rm_alloc_channel_groups(post=True)
+        extra = (*rm_alloc_channel_groups(post=True),
+                 rm_control_cmds([Ctrl.GPFIFO_SCHEDULE], shadow=True))
         if not any(r.nr == Escape.RM_FREE and r.post for r in filt.rules):
             extra += (rm_free(post=True),)
         return filt + Filter(rules=extra)
 
     def decide(self, request: Request) -> Verdict:
-        verdict = self.inner.decide(request)
         upcall = request.upcall
         nr = upcall.nr
+        if upcall.kind is UpcallKind.IOCTL and nr == Escape.RM_CONTROL:
+            call = request.call
+            if type(call) is RmControl and call.cmd == Ctrl.GPFIFO_SCHEDULE:
+                group = self.tracker.get(call.h_client, call.h_object)
+                if group is not None:
+                    return self._owner_schedule(upcall, call, group)
+        verdict = self.inner.decide(request)
         if (verdict.action is VerdictAction.ALLOW and upcall.kind is UpcallKind.IOCTL
-                and (nr == Escape.RM_ALLOC or nr == Escape.RM_FREE)):
-            self._watch(upcall, request.call)
+                and (nr == Escape.RM_ALLOC or nr == Escape.RM_FREE)
+                and self._watch(upcall, request.call)):
+            return verdict._replace(flags=verdict.flags | VERDICT_F_SCHED_OFF)
         return verdict
 
     def decide_post(self, request: Request) -> Verdict:
@@ -101,15 +131,30 @@ class SchedPolicy:
             elif type(event) is CloseEvent:
                 self._close(event.ctx_id)
 
-    def _watch(self, upcall: Upcall, call: object) -> None:
+    def _watch(self, upcall: Upcall, call: object) -> bool:
+        """Note an allowed alloc or free; True for a tenant's channel-group alloc."""
         if type(call) is RmAlloc and call.h_class == _TSG:
             tenant = self.inner.context_tenant(upcall.ctx_id)
             if tenant is not None:
                 gpu = self.inner.gpu_for(Key(call.h_root, call.h_parent), tenant, upcall)
                 self._pending[upcall.id] = _NewGroup(upcall.ctx_id, tenant, gpu, call.h_root,
                                                      call.h_parent, upcall.opener.tgid)
+                return True
         elif type(call) is RmFree and self.tracker.has_client(call.h_root):
             self._pending[upcall.id] = _Free(upcall.ctx_id, call.h_root, call.h_object)
+        return False
+
+    def _owner_schedule(self, upcall: Upcall, call: RmControl, group: Group) -> Verdict:
+        """GPFIFO_SCHEDULE on a group the scheduler knows: answered here, never forwarded."""
+        if self.inner.context_tenant(upcall.ctx_id) != group.tenant:
+            return Verdict.deny(errno.EPERM)
+        data = call.data
+        if data is None or call.params_size != _SCHEDULE_SIZE or len(data) != _SCHEDULE_SIZE:
+            bad = (NvStatus.INVALID_ADDRESS if upcall.flags & UPCALL_F_DATA_FAULT
+                   else NvStatus.INVALID_PARAM_STRUCT)
+            return Verdict.fail_status(bad, _CONTROL_STATUS)
+        self.tracker.set_paused(group, paused=not data[0])
+        return _OWNER_OK
 
     def _complete(self, upcall_id: int, ret: int, params: bytes) -> None:
         pending = self._pending.pop(upcall_id, None)

@@ -1,7 +1,8 @@
 """SchedulerService: the asyncio adapter around one TdmaScheduler per GPU.
 
 Inputs, each turned into core events at the current time:
-- the GroupTracker (it is a GroupSink): GroupCreated / GroupFreed;
+- the GroupTracker (it is a GroupSink): GroupCreated / GroupFreed, a group
+  its owner paused counting as freed until it is resumed;
 - the Manager (it is a Listener): TenantAdded / TenantRemoved, and
   Weight/Cap/PriorityChanged, from D-Bus changes and reloads alike (the core
   stages them: they apply at its next frame);
@@ -16,7 +17,8 @@ request before its first await).
 Every tenant of the Manager is in every GPU's core; a tenant with no group on
 a GPU is never runnable there. A group learned before ``start`` (the channel
 is not up yet) is switched when it starts. ``stop`` turns every known group
-on again, so that tenants do not stay switched off without a daemon.
+on again (but those their owners paused), so that tenants do not stay
+switched off without a daemon.
 Shares are published to ``share_listeners`` at most once per SHARE_INTERVAL.
 """
 
@@ -49,7 +51,7 @@ from vgpud.core.tdma import (
     WeightChanged,
 )
 from vgpud.core.tenants import Priority, Tenant
-from vgpud.kernel.uapi import Sched
+from vgpud.kernel.uapi import Sched, SchedState
 from vgpud.sched.activity import Activity, ActivitySource, choose_source
 from vgpud.sched.groups import Group, GroupTracker
 from vgpud.sched.policy import SchedPolicy, TenantPolicy
@@ -185,7 +187,8 @@ class SchedulerService:
             self.activity.close()
         if actuator is None:
             return
-        entries = [Sched(g.ctx, g.client, g.handle, True) for g in self.tracker]
+        entries = [Sched(g.ctx, g.client, g.handle, True) for g in self.tracker
+                   if not self.tracker.paused(g)]
         try:
             async with asyncio.timeout(STOP_TIMEOUT):
                 if self._inflight:
@@ -213,6 +216,19 @@ class SchedulerService:
     # --- GroupSink ---
 
     def group_created(self, group: Group) -> None:
+        self._schedule(group)
+
+    def group_freed(self, group: Group) -> None:
+        self._unschedule(group)
+
+    def group_paused(self, group: Group, paused: bool) -> None:
+        if paused:  # off for good first: whatever unscheduling it plans comes after
+            self._submit([Sched(group.ctx, group.client, group.handle, SchedState.OWNER_OFF)])
+            self._unschedule(group)
+        else:
+            self._schedule(group)
+
+    def _schedule(self, group: Group) -> None:
         gpu = self._gpu(group.gpu)
         if group.tenant not in self._tenants:
             log.warning("scheduler: group %#x of unknown tenant %s left alone", group.handle,
@@ -224,7 +240,7 @@ class SchedulerService:
             self._set_runnable(gpu, group.tenant, True)
         self._handle(gpu, GroupCreated(group.tenant, group.id))
 
-    def group_freed(self, group: Group) -> None:
+    def _unschedule(self, group: Group) -> None:
         if self._groups.pop(group.id, None) is None:
             return
         gpu = self._gpus[group.gpu]
@@ -364,9 +380,11 @@ class SchedulerService:
                 group = self._groups.get(gid)
                 if group is not None:
                     entries.append(Sched(group.ctx, group.client, group.handle, on))
-        if not entries:
-            return
-        self.stats.switches += 1
+        if entries:
+            self.stats.switches += 1
+            self._submit(entries)
+
+    def _submit(self, entries: list[Sched]) -> None:
         self.stats.entries += len(entries)
         decided = self._clock()
         if self._actuator is None:

@@ -18,6 +18,8 @@
  *   2: VGPU_RULE_F_SHADOW (the driver reads the checked copy);
  *      VGPU_CMD_LIST_CONTEXTS (live contexts, for a restarted daemon);
  *      VGPU_CMD_SCHEDULE (channel-group scheduling through the owner's file).
+ *   3: VGPU_VERDICT_F_SCHED_OFF (a new channel group is turned off before
+ *      the call returns); VGPU_SCHED_OWNER_OFF.
  *
  * The protocol is append-only: new commands, attributes and enum values are
  * added at the end; existing layouts never change.
@@ -29,7 +31,7 @@
 
 #define VGPU_GENL_NAME		"vgpu"
 #define VGPU_GENL_VERSION	1
-#define VGPU_PROTO_VERSION	2
+#define VGPU_PROTO_VERSION	3
 
 /* Kinds of emulated node. A rule's node_mask is a set of (1 << node). */
 enum vgpu_node {
@@ -174,6 +176,13 @@ enum vgpu_verdict_action {
 
 /* struct vgpu_verdict flags */
 #define VGPU_VERDICT_F_POST	(1U << 0) /* ALLOW: upcall again after the call */
+/*
+ * ALLOW of an RM_ALLOC (NVOS21 or NVOS64 params): when the driver has made a
+ * channel group (KEPLER_CHANNEL_GROUP_A), the module turns its scheduling
+ * off (GPFIFO_SCHEDULE through the caller's file, in the caller's process)
+ * before the call returns, and remembers it as off like a SCHEDULE entry.
+ */
+#define VGPU_VERDICT_F_SCHED_OFF (1U << 1)
 
 /**
  * struct vgpu_verdict - the daemon's answer to one upcall (VGPU_A_VERDICT)
@@ -298,12 +307,26 @@ struct vgpu_context {
 #define VGPU_LIST_MAX		1024
 #define VGPU_SCHED_MAX		256
 
+/*
+ * enum vgpu_sched_state - what a SCHEDULE entry makes of its group
+ *
+ * The module remembers the groups it turned off with VGPU_SCHED_OFF (and
+ * VGPU_VERDICT_F_SCHED_OFF), and turns them on again in the next daemon to
+ * register, so that a daemon that dies leaves no tenant stalled. A group
+ * turned off with VGPU_SCHED_OWNER_OFF, for its owner, is not remembered.
+ */
+enum vgpu_sched_state {
+	VGPU_SCHED_OFF = 0,
+	VGPU_SCHED_ON = 1,
+	VGPU_SCHED_OWNER_OFF = 2,
+};
+
 /**
  * struct vgpu_sched - turn one channel group's scheduling on or off
  * @ctx_id: the context (a nvidiactl file) whose client owns the group
  * @h_client: the RM client
  * @h_object: the channel group (KEPLER_CHANNEL_GROUP_A)
- * @enable: 1 on, 0 off
+ * @enable: enum vgpu_sched_state
  * @reserved: zero
  */
 struct vgpu_sched {
