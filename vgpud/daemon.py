@@ -45,6 +45,7 @@ from vgpud.kernel.codec import DecodeError, Event, Upcall
 from vgpud.kernel.uapi import (
     ALLOW,
     VERDICT_F_POST,
+    VERDICT_F_SCHED_OFF,
     Filter,
     MmapParams,
     Node,
@@ -52,7 +53,8 @@ from vgpud.kernel.uapi import (
     Verdict,
     VerdictAction,
 )
-from vgpud.nvidia.layouts import decode_call
+from vgpud.nvidia.escapes import Escape
+from vgpud.nvidia.layouts import NVOS21, NVOS64, decode_call
 from vgpud.nvidia.rules import parse_filter_spec
 from vgpud.policy import Decoded, Policy, Request, parse_policy
 
@@ -162,6 +164,7 @@ class Dispatcher:
 
 
 _IOCTL, _POST, _MMAP, _UVM = UpcallKind.IOCTL, UpcallKind.POST, UpcallKind.MMAP, Node.UVM
+_ALLOC_SIZES = frozenset({NVOS21.size, NVOS64.size})  # RM_ALLOC params VERDICT_F_SCHED_OFF fits
 # The actions each upcall kind may be answered with.
 _ACTIONS = {
     UpcallKind.OPEN: frozenset({VerdictAction.ALLOW, VerdictAction.DENY}),
@@ -178,10 +181,12 @@ def _check(verdict: Verdict, upcall: Upcall) -> None:
     action = verdict.action
     if action not in _ACTIONS[upcall.kind]:
         raise ValueError(f"{action!r} does not answer a {upcall.kind.name} upcall")
-    if verdict.flags & ~VERDICT_F_POST or (
-        verdict.flags and (action is not VerdictAction.ALLOW or upcall.kind is not _IOCTL)
-    ):
-        raise ValueError(f"verdict flags {verdict.flags:#x} do not fit the upcall")
+    flags = verdict.flags
+    if flags & ~(VERDICT_F_POST | VERDICT_F_SCHED_OFF) or (
+        flags and (action is not VerdictAction.ALLOW or upcall.kind is not _IOCTL)
+    ) or (flags & VERDICT_F_SCHED_OFF and (upcall.nr != Escape.RM_ALLOC
+                                          or len(upcall.params) not in _ALLOC_SIZES)):
+        raise ValueError(f"verdict flags {flags:#x} do not fit the upcall")
     if action is VerdictAction.FAIL_STATUS and verdict.status_off + 4 > len(upcall.params):
         raise ValueError(f"FAIL_STATUS at {verdict.status_off} does not fit the upcall")
     params, data = verdict.params, verdict.data

@@ -167,6 +167,19 @@ def test_verdicts_are_checked_against_the_upcall(kind, verdict, ok) -> None:
     assert policy.posts == (kind is UpcallKind.POST)
 
 
+@pytest.mark.parametrize(("nr", "size", "flags", "ok"), [
+    (0x2B, 32, 2, True),   # RM_ALLOC, NVOS21
+    (0x2B, 48, 3, True),   # NVOS64, with a POST upcall too
+    (0x2B, 40, 2, False),  # a size the module does not read
+    (0x2A, 32, 2, False),  # not an RM_ALLOC
+    (0x2B, 32, 4, False),  # unknown flag
+])
+def test_sched_off_fits_rm_allocs_only(nr: int, size: int, flags: int, ok: bool) -> None:
+    verdict = Verdict(VerdictAction.ALLOW, flags=flags)
+    got = Dispatcher(Replying(verdict)).on_upcall(upcall(b"\0" * size, nr=nr))
+    assert got == (verdict if ok else Verdict.deny(errno.EIO))
+
+
 def test_mmap_params_reach_the_policy_decoded() -> None:
     seen = []
 

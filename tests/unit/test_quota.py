@@ -27,6 +27,7 @@ from vgpud.kernel.uapi import (
     FILTER_UVM_MMAP,
     UPCALL_F_DATA_BIG,
     UPCALL_F_DATA_FAULT,
+    VERDICT_F_POST,
     Context,
     Node,
     UpcallKind,
@@ -128,7 +129,7 @@ class World:
                                alloc)
         uid, verdict = self.upcall(ctx, params, alloc, nr=Escape.RM_ALLOC, flags=flags)
         handle = h_new or next(self.handles)
-        if verdict == ALLOW:
+        if verdict.action is VerdictAction.ALLOW and not verdict.flags & VERDICT_F_POST:
             after = _alloc_params(client, parent, handle, h_class, nvos, alloc, status)
             self.post(ctx, uid, Escape.RM_ALLOC, after)
         return verdict, handle

@@ -16,7 +16,7 @@ from test_daemon import World as _World
 from test_daemon_quota import inventory, write_config
 
 from vgpud.daemon import Daemon, Dispatcher, Notifier, build_quota
-from vgpud.kernel.uapi import Sched, SchedResult, UpcallKind, VerdictAction
+from vgpud.kernel.uapi import VERDICT_F_SCHED_OFF, Sched, SchedResult, UpcallKind, VerdictAction
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Escape
 from vgpud.sched.policy import SchedPolicy
@@ -47,7 +47,9 @@ class World(_World):
         params = L.NVOS21.struct.pack(client, parent, 0, h_class, ptr, size, 0)
         self.kernel.send(upcall_msg(params, alloc, id=upcall_id, ctx_id=ctx, nr=Escape.RM_ALLOC,
                                     uid=uid, tgid=uid))
-        assert (await self.kernel.verdicts.get())[:2] == (upcall_id, VerdictAction.ALLOW)
+        verdict = await self.kernel.verdicts.get()
+        assert verdict[:2] == (upcall_id, VerdictAction.ALLOW)
+        assert verdict[5] == (VERDICT_F_SCHED_OFF if h_class == 0xA06C else 0)  # flags
         after = L.NVOS21.struct.pack(client, parent, handle, h_class, ptr, size, 0)
         self.kernel.send(post_event_msg(ctx, upcall_id, Escape.RM_ALLOC, 0, after, alloc))
 
@@ -76,13 +78,14 @@ def test_daemon_switches_groups_and_restores_them(tmp_path: Path,
         assert (await world.notification()).startswith("READY=1")
         assert daemon.channel is not None
         daemon.channel.schedule = world.schedule  # type: ignore[attr-defined]
-        await world.tenant_with_group(7, 1000, 0xC1)  # a: runnable at once, picked, left on
+        await world.tenant_with_group(7, 1000, 0xC1)  # a: runnable at once, picked, on
         await world.tenant_with_group(8, 2000, 0xC2)  # b: created outside its slot
         for _ in range(100):
-            if world.scheduled:
+            if len(world.scheduled) >= 2:
                 break
             await asyncio.sleep(0.01)
-        assert world.scheduled[0] == [Sched(8, 0xC2, 0x600D, False)]
+        assert world.scheduled[:2] == [[Sched(7, 0xC1, 0x600D, True)],
+                                       [Sched(8, 0xC2, 0x600D, False)]]
         assert len(scheduler.tracker) == 2
         # frames of 100 ms, equal weights: within 0.3 s both have been switched in
         await asyncio.sleep(0.3)

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 import pytest
 from test_quota import World, setup_gpu
 
 from vgpud.daemon import Dispatcher
-from vgpud.kernel.uapi import ALLOW, OFF_NONE, Verdict
+from vgpud.kernel.uapi import (
+    ALLOW,
+    ALLOW_SCHED_OFF,
+    OFF_NONE,
+    UPCALL_F_DATA_FAULT,
+    Verdict,
+    VerdictAction,
+)
 from vgpud.nvidia import layouts as L
-from vgpud.nvidia.escapes import Escape, NvStatus
-from vgpud.nvidia.rules import rm_alloc_channel_groups
+from vgpud.nvidia.escapes import Ctrl, Escape, NvStatus
+from vgpud.nvidia.rules import rm_alloc_channel_groups, rm_control_cmds
 from vgpud.sched.groups import Group, GroupTracker, group_id
 from vgpud.sched.policy import SchedPolicy
 
@@ -27,6 +35,9 @@ class Sink:
 
     def group_freed(self, group: Group) -> None:
         self.log.append(("freed", group))
+
+    def group_paused(self, group: Group, paused: bool) -> None:
+        self.log.append(("paused" if paused else "resumed", group))
 
 
 class SchedWorld(World):
@@ -54,17 +65,21 @@ def test_filter_adds_the_group_rules(w: SchedWorld) -> None:
     rules = w.sched.filter().rules
     assert rules[:len(w.policy.filter().rules)] == w.policy.filter().rules
     added = rules[len(w.policy.filter().rules):]
-    assert added == rm_alloc_channel_groups(post=True)  # RM_FREE with POST is there already
-    assert [(r.nr, r.size, r.match, r.post, r.ptr_off) for r in added] == [
-        (Escape.RM_ALLOC, 32, (TSG,), True, OFF_NONE),
-        (Escape.RM_ALLOC, 48, (TSG,), True, OFF_NONE),
+    # RM_FREE with POST is there already
+    assert added == (*rm_alloc_channel_groups(post=True),
+                     rm_control_cmds([Ctrl.GPFIFO_SCHEDULE], shadow=True))
+    assert [(r.nr, r.size, r.match, r.post, r.shadow) for r in added] == [
+        (Escape.RM_ALLOC, 32, (TSG,), True, True),
+        (Escape.RM_ALLOC, 48, (TSG,), True, True),
+        (Escape.RM_CONTROL, 32, (Ctrl.GPFIFO_SCHEDULE,), False, True),
     ]
+    assert added[0].ptr_off == added[1].ptr_off == OFF_NONE
 
 
 def test_group_learned_with_tenant_gpu_and_owner(w: SchedWorld) -> None:
     client, device, _sub = setup_gpu(w, ctx=5, gpu=1)
     verdict, handle = w.group(5, client, device)
-    assert verdict == ALLOW
+    assert verdict == ALLOW_SCHED_OFF  # the module makes it off
     (group,) = w.tracker
     assert group == Group(5, "a", 1, client, handle, device, 100)
     assert group.id == group_id(client, handle) == client << 32 | handle
@@ -77,7 +92,7 @@ def test_failed_allocs_are_not_groups(w: SchedWorld) -> None:
     client, device, _sub = setup_gpu(w, ctx=5)
     w.group(5, client, device, status=NvStatus.NO_MEMORY)
     uid, verdict = w.upcall(5, _nvos21(client, device, 0), nr=Escape.RM_ALLOC)
-    assert verdict == ALLOW
+    assert verdict == ALLOW_SCHED_OFF
     w.post(5, uid, Escape.RM_ALLOC, _nvos21(client, device, 0x77), ret=-22)
     assert len(w.tracker) == 0
 
@@ -132,6 +147,9 @@ def test_a_failing_sink_leaves_the_quota_policy_whole(w: SchedWorld) -> None:
         def group_freed(self, group: Group) -> None:
             raise RuntimeError("boom")
 
+        def group_paused(self, group: Group, paused: bool) -> None:
+            raise RuntimeError("boom")
+
     client, device, _ = setup_gpu(w, ctx=5)
     w.tracker.sinks.insert(0, Broken())
     w.group(5, client, device)
@@ -142,3 +160,57 @@ def test_a_failing_sink_leaves_the_quota_policy_whole(w: SchedWorld) -> None:
 
 def _nvos21(client: int, parent: int, h_new: int, status: int = 0) -> bytes:
     return L.NVOS21.struct.pack(client, parent, h_new, TSG, 0, 0, status)
+
+
+def test_only_channel_group_allocs_are_made_off(w: SchedWorld) -> None:
+    client = w.client(5)
+    dev_params = L.NV0080_ALLOC_PARAMETERS.struct.pack(0, 0, 0, 0, 0, 0, 0, 0, 0)
+    assert w.rm_alloc(5, client, client, 0x80, dev_params)[0] == ALLOW
+    assert w.open(7, uid=5, cgroup="/nowhere") != ALLOW  # no tenant: not ours to schedule
+    assert w.upcall(7, _nvos21(0xC1, 0xD1, 0), nr=Escape.RM_ALLOC)[1].flags == 0
+
+
+def _schedule(w: SchedWorld, ctx: int, client: int, group: int, params: bytes | None,
+              size: int = 3, **kw) -> Verdict:
+    nvos54 = L.NVOS54.struct.pack(client, group, Ctrl.GPFIFO_SCHEDULE, 0, 0x7F00_0000_1000,
+                                  size, 0)
+    return w.upcall(ctx, nvos54, params, nr=Escape.RM_CONTROL, **kw)[1]
+
+
+OWNER_OK = Verdict.fail_status(NvStatus.OK, L.NVOS54.offsets["status"])
+
+
+def test_the_owner_schedule_is_answered_and_recorded_never_forwarded(w: SchedWorld) -> None:
+    client, device, _ = setup_gpu(w, ctx=5)
+    handle = w.group(5, client, device)[1]
+    (group,) = w.tracker
+    assert _schedule(w, 5, client, handle, b"\x01\x00\x00") == OWNER_OK  # on, as it is
+    assert not w.tracker.paused(group) and len(w.sink.log) == 1
+    assert _schedule(w, 5, client, handle, b"\x00\x00\x00") == OWNER_OK
+    assert w.tracker.paused(group)
+    assert _schedule(w, 5, client, handle, b"\x00\x00\x00") == OWNER_OK  # no change
+    assert _schedule(w, 5, client, handle, b"\x02\x00\x00") == OWNER_OK  # NvBool: nonzero
+    assert not w.tracker.paused(group)
+    assert [kind for kind, _ in w.sink.log] == ["created", "paused", "resumed"]
+
+
+def test_bad_owner_schedule_calls_change_nothing(w: SchedWorld) -> None:
+    client, device, _ = setup_gpu(w, ctx=5)
+    handle = w.group(5, client, device)[1]
+    status = L.NVOS54.offsets["status"]
+    assert _schedule(w, 5, client, handle, b"\x00\x00\x00\x00", size=4) == \
+        Verdict.fail_status(NvStatus.INVALID_PARAM_STRUCT, status)
+    assert _schedule(w, 5, client, handle, None, flags=UPCALL_F_DATA_FAULT) == \
+        Verdict.fail_status(NvStatus.INVALID_ADDRESS, status)
+    setup_gpu(w, ctx=6)  # tenant a too, another context: the owner's tenant
+    assert _schedule(w, 6, client, handle, b"\x00\x00\x00") == OWNER_OK
+    w.sink.log.clear()
+    assert w.open(8, uid=5, cgroup="/pods/b-1") == ALLOW  # tenant b
+    assert _schedule(w, 8, client, handle, b"\x01\x00\x00") == Verdict.deny(errno.EPERM)
+    assert w.sink.log == []
+
+
+def test_schedule_of_an_unknown_object_goes_to_the_driver(w: SchedWorld) -> None:
+    client, _device, _ = setup_gpu(w, ctx=5)
+    verdict = _schedule(w, 5, client, 0xBAD, b"\x01\x00\x00")
+    assert verdict.action is VerdictAction.ALLOW and len(w.tracker) == 0

@@ -13,7 +13,7 @@ import pytest
 
 from vgpud.config import parse_config
 from vgpud.core.ledger import Ledger
-from vgpud.kernel.uapi import Sched, SchedResult
+from vgpud.kernel.uapi import Sched, SchedResult, SchedState
 from vgpud.manager import Manager
 from vgpud.sched.activity import Activity
 from vgpud.sched.actuator import ActuatorStats, ModuleActuator
@@ -231,6 +231,7 @@ def test_freed_groups_leave_and_idle_tenants_give_way(w: World) -> None:
     async def main() -> None:
         w.service.start(w.actuator)
         ga, gb = w.group("a"), w.group("b")
+        await settle()  # their first states: a on, b off
         await w.timers.run_until(w.clock.now + 50 * MS)
         w.tracker.freed(ga.client, ga.handle)  # a has no group left: idle
         await settle()
@@ -241,6 +242,33 @@ def test_freed_groups_leave_and_idle_tenants_give_way(w: World) -> None:
         assert all(e.h_object != ga.handle for t, es in w.actuator.calls if t >= start
                    for e in es)
         await w.service.stop()
+
+    run(main())
+
+
+def test_a_group_its_owner_paused_stays_off_until_resumed(w: World) -> None:
+    async def main() -> None:
+        w.service.start(w.actuator)
+        ga, gb = w.group("a"), w.group("b")
+        await settle()
+        w.tracker.set_paused(ga, True)
+        await settle()
+        # off for good first, then a (no schedulable group left) gives way to b
+        assert [es for _, es in w.actuator.calls[-2:]] == [
+            [Sched(ga.ctx, ga.client, ga.handle, SchedState.OWNER_OFF)],
+            [Sched(gb.ctx, gb.client, gb.handle, True)]]
+        start = w.clock.now
+        await w.timers.run_until(start + 300 * MS)  # a has no schedulable group: b runs
+        assert all(e.h_object != ga.handle for t, es in w.actuator.calls if t > start
+                   for e in es)
+        assert w.on_time(start, w.clock.now).get((gb.client, gb.handle), 0) == 300 * MS
+        w.tracker.set_paused(ga, False)  # back to the scheduler: off until a's slot
+        await w.timers.run_until(w.clock.now + 300 * MS)
+        assert w.on_time(start + 300 * MS, w.clock.now).get((ga.client, ga.handle), 0) > 0
+        w.tracker.set_paused(ga, True)
+        await settle()
+        await w.service.stop()  # the paused group is its owner's: not turned on
+        assert w.actuator.calls[-1][1] == [Sched(gb.ctx, gb.client, gb.handle, True)]
 
     run(main())
 

@@ -268,16 +268,15 @@ def test_weight_change_applies_at_next_frame(weights: list[int], data: st.DataOb
     st.lists(st.integers(1, 1000), min_size=1, max_size=6),
     st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3 * F)), max_size=20),
 )
-def test_group_created_outside_slot_is_turned_off_at_once(
+def test_a_new_group_gets_its_tenant_state_at_once(
     weights: list[int], creations: list[tuple[int, int]]
 ) -> None:
     sim = saturating(weights)
     for n, (who, dt) in enumerate(creations):
         tid = f"t{who % len(weights):02}"
         sim.run_until(sim.now + dt)
-        outside = sim.on != tid
-        actions = sim.do(GroupCreated(tid, 1000 + n))
-        assert actions == ([GroupsOff(tid, (1000 + n,))] if outside else [])
+        state = GroupsOn if sim.on == tid else GroupsOff
+        assert sim.do(GroupCreated(tid, 1000 + n)) == [state(tid, (1000 + n,))]
 
 
 @SETTINGS
@@ -428,9 +427,9 @@ def test_late_tick_is_paid_back() -> None:
     assert sim.starts("t00")[:2] == [(0, F + 10_000), (F + 10_000 + F // 2, 2 * F)]
 
 
-def test_group_created_by_running_tenant_stays_on_and_freed_groups_are_dropped() -> None:
+def test_group_created_by_running_tenant_is_on_and_freed_groups_are_dropped() -> None:
     sim = saturating([1, 1])
-    assert sim.do(GroupCreated("t00", 99)) == []
+    assert sim.do(GroupCreated("t00", 99)) == [GroupsOn("t00", (99,))]
     assert sim.do(GroupFreed("t00", 1)) == []
     assert sim.do(Tick(), F) == [GroupsOff("t00", (99,)), GroupsOn("t01", (2,))]
 
