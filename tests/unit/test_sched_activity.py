@@ -55,6 +55,18 @@ def test_nvsim_runnable_and_busy(tmp_path: Path) -> None:
     assert source.update(source.read(), groups, {}, 0).busy_ns[(0, "a")] == 2240
 
 
+def test_nvsim_work_of_a_paused_group_makes_no_tenant_runnable(tmp_path: Path) -> None:
+    proc = tmp_path / "groups"
+    source = NvsimActivity(proc)
+    groups = tracker(A0, A0b)
+    groups.set_paused(A0b, True)
+    proc.write_text(HEADER + line(A0, 0, 10) + line(A0b, 5, 20))
+    act = source.update(source.read(), groups, {}, 0)
+    assert act.runnable == frozenset() and act.busy_ns == {(0, "a"): 30}
+    groups.set_paused(A0b, False)
+    assert source.update(source.read(), groups, {}, 0).runnable == {(0, "a")}
+
+
 def test_nvsim_missing_file_is_no_activity(tmp_path: Path) -> None:
     source = NvsimActivity(tmp_path / "none")
     act = source.update(source.read(), tracker(A0), {}, 0)

@@ -222,3 +222,56 @@ def test_weight_change_over_dbus_applies_at_the_next_frame(tdma) -> None:
     assert props["Weight"] == 300
     assert props["Share"] == {0: 75.0}
     assert abs(props["MeasuredShare"][0] - 75) <= 10, props
+
+
+def open_as_tenant(i: int) -> int:
+    """A nvidiactl file of tenant i: opened from inside its cgroup, then back home."""
+    home = CGROOT / Path(Path("/proc/self/cgroup").read_text().strip().split("::", 1)[1]
+                         ).relative_to("/")
+    (CGROOT / f"vgpu-tdma-t{i}" / "cgroup.procs").write_text(str(os.getpid()))
+    try:
+        return os.open("/dev/vgpu/nvidiactl", os.O_RDWR)
+    finally:
+        (home / "cgroup.procs").write_text(str(os.getpid()))
+
+
+def stats(ctl: int, client: int, group: int) -> nv.WorkStats:
+    e, st, got = nv.work_stats(ctl, client, group)
+    assert (e, st) == (0, nv.NV_OK) and got is not None
+    return got
+
+
+def test_groups_never_run_outside_their_slots(tdma) -> None:
+    """A new group is off when its alloc returns; its owner's GPFIFO_SCHEDULE cannot
+    turn it on outside its slots, and an owner's "off" holds through the slots."""
+    tenants = tdma([1, 1])
+    tenants.command(1, "idle")  # t1 drains and is then never in a slot
+    deadline = time.monotonic() + 5.0
+    while tenants.pending(1) > 0:
+        assert time.monotonic() < deadline, "t1's work did not drain"
+        time.sleep(0.005)
+    ctl = open_as_tenant(1)
+    try:
+        tree = nv.build_tree(ctl)
+        group = nv.alloc_channel_group(ctl, tree.client, tree.device)
+        assert not stats(ctl, tree.client, group).enabled  # off before anyone had its handle
+        assert nv.gpfifo_schedule(ctl, tree.client, group, True) == (0, nv.NV_OK)
+        time.sleep(3 * FRAME_S)
+        assert not stats(ctl, tree.client, group).enabled  # t1 has no slot: still off
+        assert nv.submit_work(ctl, tree.client, group, 10**10) == (0, nv.NV_OK)  # 10 s
+        time.sleep(5 * FRAME_S)  # runnable now: it gets slots, the new group runs in them
+        busy = stats(ctl, tree.client, group).busy_ns
+        assert busy > 0
+        assert nv.gpfifo_schedule(ctl, tree.client, group, False) == (0, nv.NV_OK)
+        time.sleep(FRAME_S)
+        paused = stats(ctl, tree.client, group)
+        time.sleep(5 * FRAME_S)
+        still = stats(ctl, tree.client, group)
+        assert not still.enabled and still.pending_ns > 0
+        assert still.busy_ns == paused.busy_ns  # its slots are t0's now
+        assert nv.gpfifo_schedule(ctl, tree.client, group, True) == (0, nv.NV_OK)
+        time.sleep(5 * FRAME_S)
+        assert stats(ctl, tree.client, group).busy_ns > still.busy_ns
+        print("busy ns: first slots", busy, "paused at", paused.busy_ns)
+    finally:
+        os.close(ctl)

@@ -6,8 +6,9 @@ to tenants through the tracked channel groups, on the event loop.
 
 - nvsim (tests; /proc/driver/nvsim exists): /proc/driver/nvsim/groups gives
   each channel group's pending and busy nanoseconds. A tenant is runnable on
-  a GPU while one of its groups there has pending work (it shows even while
-  the group is switched off); busy time is exact.
+  a GPU while one of its groups there that its owner has not paused has
+  pending work (it shows even while the group is switched off); busy time is
+  exact.
 - NVML (real GPUs): nvmlDeviceGetProcessUtilization samples (pid, SM %)
   mapped to tenants through the processes that opened their contexts. NVML
   only sees work that runs, and a tenant switched off shows none: a tenant is
@@ -125,7 +126,7 @@ class NvsimActivity:
                 self.bad_lines += 1
                 continue
             key = (group.gpu, group.tenant)
-            if fields[6] != b"0":
+            if fields[6] != b"0" and not groups.paused(group):  # a paused group cannot run
                 runnable.add(key)
             seen[gid] = busy_now
             delta = busy_now - last.get(gid, 0)
