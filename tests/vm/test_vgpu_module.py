@@ -615,7 +615,7 @@ def test_bad_verdicts_and_registration(vg: Env) -> None:
                dict(action=DENY, error=4096), dict(action=ALLOW, error=1),
                dict(action=FAIL_STATUS, status=1, status_off=29),
                dict(action=FAIL_STATUS, status=1, status_off=0xFFFFFFFE),
-               dict(action=ALLOW, reserved=1), dict(action=ALLOW, flags=2),
+               dict(action=ALLOW, reserved=1), dict(action=ALLOW, flags=4),
                dict(action=DENY, error=1, flags=VERDICT_F_POST)]
         for b in bad:
             with pytest.raises(NlError) as e:
