@@ -27,7 +27,6 @@ Two answers make sure that no group runs outside its tenant's slot:
 from __future__ import annotations
 
 import errno
-import struct
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -43,19 +42,13 @@ from vgpud.kernel.uapi import (
 )
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Ctrl, Escape, NvClass, NvStatus
-from vgpud.nvidia.layouts import RmAlloc, RmControl, RmFree
+from vgpud.nvidia.layouts import DecodeError, RmAlloc, RmControl, RmFree, decode_call
 from vgpud.nvidia.rules import rm_alloc_channel_groups, rm_control_cmds, rm_free
 from vgpud.policy import Policy, Request
 from vgpud.sched.groups import Group, GroupTracker
 
 __all__ = ["SchedPolicy", "TenantPolicy"]
 
-_U32 = struct.Struct("=I")
-# Where status and hObjectNew lie after an RM_ALLOC, by params size.
-_ALLOC_RESULT = {
-    L.NVOS21.size: (L.NVOS21.offsets["status"], L.NVOS21.offsets["hObjectNew"]),
-    L.NVOS64.size: (L.NVOS64.offsets["status"], L.NVOS64.offsets["hObjectNew"]),
-}
 _TSG = NvClass.KEPLER_CHANNEL_GROUP_A
 _CONTROL_STATUS = L.NVOS54.offsets["status"]
 _SCHEDULE_SIZE = 3  # NVA06C_CTRL_GPFIFO_SCHEDULE_PARAMS: bEnable, bSkipSubmit, bSkipEnable
@@ -157,26 +150,24 @@ class SchedPolicy:
         return _OWNER_OK
 
     def _complete(self, upcall_id: int, ret: int, params: bytes) -> None:
+        """The POST of a watched call: its results, as the driver left them."""
         pending = self._pending.pop(upcall_id, None)
         if pending is None or ret != 0:
             return
-        if type(pending) is _Free:
-            if _status_ok(params, L.NVOS00.offsets["status"], L.NVOS00.size):
-                self.tracker.freed(pending.client, pending.handle)
+        freed = type(pending) is _Free
+        try:
+            result = decode_call(Escape.RM_FREE if freed else Escape.RM_ALLOC, params)
+        except DecodeError:
             return
-        where = _ALLOC_RESULT.get(len(params))
-        if where is None or not _status_ok(params, where[0], len(params)):
-            return
-        handle = _U32.unpack_from(params, where[1])[0]
-        if handle:
+        if type(result) is RmFree and result.status == NvStatus.OK:
+            self.tracker.freed(pending.client, pending.handle)
+        elif type(result) is RmAlloc and result.status == NvStatus.OK and result.h_new:
             p: _NewGroup = pending  # type: ignore[assignment]
-            self.tracker.add(Group(p.ctx, p.tenant, p.gpu, p.client, handle, p.parent, p.tgid))
+            self.tracker.add(Group(p.ctx, p.tenant, p.gpu, p.client, result.h_new, p.parent,
+                                   p.tgid))
 
     def _close(self, ctx: int) -> None:
         for upcall_id in [i for i, p in self._pending.items() if p.ctx == ctx]:
             del self._pending[upcall_id]
         self.tracker.closed(ctx)
 
-
-def _status_ok(params: bytes, status_off: int, size: int) -> bool:
-    return len(params) == size and _U32.unpack_from(params, status_off)[0] == NvStatus.OK
