@@ -16,6 +16,10 @@ tests/tdma_workload.py. After a warm-up, over --seconds:
   per "off" entry (lookup + GPFIFO_SCHEDULE), from the vgpu_schedule
   tracepoint when tracefs is there;
 - daemon CPU per second of scheduling (utime + stime from /proc/PID/stat).
+First, the cost of making a channel group: alloc + free of a TSG straight on
+nvsim and through vgpud (the alloc upcalled and shadowed, the group made off
+by the module before the alloc returns, its POST; the free's POST), the two
+interleaved, p50 / p99 and their ratio.
 Prints a table; asserts nothing (see docs/performance.md).
 """
 
@@ -37,7 +41,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "vm"))
 
 import nvclient as nv  # noqa: E402
-from test_tdma import CGROOT, Tenants, config_text  # noqa: E402
+from test_tdma import CGROOT, Tenants, config_text, open_as_tenant  # noqa: E402
 from vgpud_proc import Daemon  # noqa: E402
 
 STATS = re.compile(r"scheduler stats (\{.*\})")
@@ -76,6 +80,33 @@ def percentiles(values: list[int]) -> dict[str, float]:
     ordered = sorted(values)
     return {"p50": ordered[len(ordered) // 2] / 1000,
             "p99": ordered[min(len(ordered) - 1, len(ordered) * 99 // 100)] / 1000}
+
+
+def group_round_trips(count: int) -> tuple[list[int], list[int]]:
+    """TSG alloc + free times (ns), straight on nvsim and through vgpud, interleaved."""
+    cgroup = CGROOT / "vgpu-tdma-t0"
+    cgroup.mkdir(exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-groups-"))
+    config = tmp / "vgpud.toml"
+    config.write_text(config_text(tmp / "state.json", [1]))
+    daemon = Daemon("--config", str(config), "--no-dbus", log_level="warning").start()
+    fds: list[int] = []
+    try:
+        fds = [nv.NvNodes("/dev/nvsim").open_ctl(), open_as_tenant(0)]
+        trees = [nv.build_tree(fd) for fd in fds]
+        times: tuple[list[int], list[int]] = ([], [])
+        for _ in range(count):
+            for fd, tree, out in zip(fds, trees, times, strict=True):
+                t0 = time.perf_counter_ns()
+                group = nv.alloc_channel_group(fd, tree.client, tree.device)
+                nv.must(nv.rm_free(fd, tree.client, tree.device, group), "free")
+                out.append(time.perf_counter_ns() - t0)
+        return times
+    finally:
+        for fd in fds:
+            os.close(fd)
+        daemon.stop()
+        cgroup.rmdir()
 
 
 def run(n: int, seconds: float, warmup: float, rng: random.Random) -> dict[str, object]:
@@ -128,11 +159,17 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--tenants", default="2,4,16,64")
+    ap.add_argument("--group-allocs", type=int, default=200)
     args = ap.parse_args()
     sh("insmod", str(ROOT / "kmod/nvsim/nvsim.ko"), "gpus=1", "mem_mib=4096")
     sh("insmod", str(ROOT / "kmod/vgpu/vgpu.ko"), "backing_dir=/dev/nvsim")
     rng = random.Random(1)
     try:
+        direct, via = (percentiles(t) for t in group_round_trips(args.group_allocs))
+        print(f"channel group alloc + free ({args.group_allocs}): straight on nvsim p50 "
+              f"{direct['p50']:.0f} / p99 {direct['p99']:.0f} us, through vgpud p50 "
+              f"{via['p50']:.0f} / p99 {via['p99']:.0f} us, ratio p50 "
+              f"{via['p50'] / direct['p50']:.2f}\n", flush=True)
         print(f"{args.seconds:g} s per run, frame 100 ms, min slot 2048 us, random weights")
         print(f"{'tenants':>7} {'share err pp':>12} {'switch loss':>11} {'switch/s':>8} "
               f"{'latency p50/p99 us':>18} {'lateness p50/p99 us':>19} "
