@@ -273,6 +273,18 @@ def test_a_group_its_owner_paused_stays_off_until_resumed(w: World) -> None:
     run(main())
 
 
+def test_a_group_of_a_tenant_the_scheduler_lacks_is_left_on(w: World) -> None:
+    async def main() -> None:
+        w.service.start(w.actuator)
+        stray = Group(9, "nobody", 0, 0xE0, 0x900, 0x10, 1)
+        w.tracker.add(stray)  # the module made it off: it must not stay off
+        await settle()
+        assert w.actuator.calls[-1][1] == [Sched(9, 0xE0, 0x900, SchedState.ON)]
+        await w.service.stop()
+
+    run(main())
+
+
 class FakeSource:
     name = "fake"
     interval = 1e6

@@ -230,9 +230,10 @@ class SchedulerService:
 
     def _schedule(self, group: Group) -> None:
         gpu = self._gpu(group.gpu)
-        if group.tenant not in self._tenants:
-            log.warning("scheduler: group %#x of unknown tenant %s left alone", group.handle,
-                        group.tenant)
+        if group.tenant not in self._tenants:  # made off by the module: on, unscheduled
+            log.warning("scheduler: group %#x of unknown tenant %s left on, unscheduled",
+                        group.handle, group.tenant)
+            self._submit([Sched(group.ctx, group.client, group.handle, SchedState.ON)])
             return
         self._groups[group.id] = group
         gpu.groups[group.tenant] = gpu.groups.get(group.tenant, 0) + 1
