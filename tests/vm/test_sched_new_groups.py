@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import nvclient as nv
@@ -45,6 +46,16 @@ MEM_RULE = rule(CTL, RM_ALLOC, 32, NVOS21_HCLASS, (0x40,))
 CONTROL_RULE = rule(CTL, RM_CONTROL, 32, 8, (nv.NVA06C_CTRL_CMD_GPFIFO_SCHEDULE,))
 
 
+@pytest.fixture
+def ctl(vgpu: Path) -> Iterator[tuple[int, nv.Tree]]:
+    """Our own nvidiactl file on /dev/vgpu, with a client / device / subdevice tree."""
+    fd = os.open(vgpu / "nvidiactl", os.O_RDWR)
+    try:
+        yield fd, nv.build_tree(fd)
+    finally:
+        os.close(fd)
+
+
 def ctx_of(fd: int) -> int:
     """The module's context id of our own nvidiactl fd (LIST_CONTEXTS, newest)."""
     from test_sched_cmd import aio, list_contexts
@@ -72,91 +83,75 @@ def schedule(g: Genl, entries: list[tuple[int, int, int, int]]) -> list[tuple[in
 
 
 def test_a_group_allowed_with_sched_off_is_off_when_the_call_returns(
-        vgpu: Path, sched_trace: Path) -> None:  # noqa: F811
-    fd = os.open(vgpu / "nvidiactl", os.O_RDWR)
-    try:
-        tree = nv.build_tree(fd)
-        with daemon(TSG_RULES) as g:
-            made = []
-            for size64, flags in ((False, SCHED_OFF), (True, SCHED_OFF | VERDICT_F_POST),
-                                  (False, 0)):
-                c = Call(tsg_alloc, fd, tree, size64)
-                assert answer_next(g, flags) == RM_ALLOC
-                if flags & VERDICT_F_POST:  # the POST upcall: the group is off already
-                    hdr, attrs = g.next_upcall()
-                    (handle,) = struct.unpack_from("=I", attrs[A_PARAMS], 8)  # hObjectNew
-                    assert group_enabled(tree.client, handle) is False
-                    g.verdict(hdr[U_ID], ALLOW)
-                r = c.result()
-                assert (r.errno, r.status) == (0, nv.NV_OK)
-                made.append(r.handle)
-            assert [group_enabled(tree.client, h) for h in made] == [False, False, True]
-            offs = [e for e in traced(sched_trace) if e["enable"] == "0"]
-            assert [(int(e["object"], 16), e["error"], e["status"]) for e in offs] == [
-                (made[0], "0", "0x0"), (made[1], "0", "0x0")]
-            ctx = ctx_of(fd)
-            # Remembered like a SCHEDULE "off": on again when the next daemon registers.
-            assert schedule(g, [(ctx, tree.client, made[1], SCHED_STATE_ON)]) == [(0, 0)]
-        with daemon([]):
-            assert [group_enabled(tree.client, h) for h in made] == [True, True, True]
-    finally:
-        os.close(fd)
+        ctl: tuple[int, nv.Tree], sched_trace: Path) -> None:  # noqa: F811
+    fd, tree = ctl
+    with daemon(TSG_RULES) as g:
+        made = []
+        for size64, flags in ((False, SCHED_OFF), (True, SCHED_OFF | VERDICT_F_POST),
+                              (False, 0)):
+            c = Call(tsg_alloc, fd, tree, size64)
+            assert answer_next(g, flags) == RM_ALLOC
+            if flags & VERDICT_F_POST:  # the POST upcall: the group is off already
+                hdr, attrs = g.next_upcall()
+                (handle,) = struct.unpack_from("=I", attrs[A_PARAMS], 8)  # hObjectNew
+                assert group_enabled(tree.client, handle) is False
+                g.verdict(hdr[U_ID], ALLOW)
+            r = c.result()
+            assert (r.errno, r.status) == (0, nv.NV_OK)
+            made.append(r.handle)
+        assert [group_enabled(tree.client, h) for h in made] == [False, False, True]
+        offs = [e for e in traced(sched_trace) if e["enable"] == "0"]
+        assert [(int(e["object"], 16), e["error"], e["status"]) for e in offs] == [
+            (made[0], "0", "0x0"), (made[1], "0", "0x0")]
+        ctx = ctx_of(fd)
+        # Remembered like a SCHEDULE "off": on again when the next daemon registers.
+        assert schedule(g, [(ctx, tree.client, made[1], SCHED_STATE_ON)]) == [(0, 0)]
+    with daemon([]):
+        assert [group_enabled(tree.client, h) for h in made] == [True, True, True]
 
 
 def test_sched_off_leaves_other_allocs_and_failed_ones_alone(
-        vgpu: Path, sched_trace: Path) -> None:  # noqa: F811
-    fd = os.open(vgpu / "nvidiactl", os.O_RDWR)
+        ctl: tuple[int, nv.Tree], sched_trace: Path) -> None:  # noqa: F811
+    fd, tree = ctl
+    with daemon([*TSG_RULES, MEM_RULE]) as g:
+        c = Call(nv.alloc_memory, fd, tree.client, tree.device, 1 << 20)
+        answer_next(g, SCHED_OFF)
+        assert c.result().status == nv.NV_OK
+        c = Call(tsg_alloc, fd, tree, parent=0xBAD)  # no such parent: the driver fails it
+        answer_next(g, SCHED_OFF)
+        assert c.result().status != nv.NV_OK
+    assert traced(sched_trace) == []
+
+
+def test_sched_off_on_anything_but_rm_alloc_is_refused(ctl: tuple[int, nv.Tree]) -> None:
+    fd, tree = ctl
+    handle = tsg_alloc(fd, tree).handle
+    with daemon([CONTROL_RULE]) as g:
+        c = Call(nv.gpfifo_schedule, fd, tree.client, handle, False)
+        hdr, _ = g.next_upcall()
+        with pytest.raises(NlError) as err:
+            g.verdict(hdr[U_ID], ALLOW, flags=SCHED_OFF)
+        assert err.value.errno == errno.EINVAL and "RM_ALLOC" in err.value.msg
+        assert c.alive(), "a refused verdict completed the waiter"
+        g.verdict(hdr[U_ID], ALLOW)
+        assert c.result() == (0, nv.NV_OK)
+    assert group_enabled(tree.client, handle) is False
+
+
+def test_an_owner_off_is_not_turned_back_on(ctl: tuple[int, nv.Tree]) -> None:
+    fd, tree = ctl
+    g1, g2 = tsg_alloc(fd, tree).handle, tsg_alloc(fd, tree).handle
+    ctx = ctx_of(fd)
+    g = Genl()
     try:
-        tree = nv.build_tree(fd)
-        with daemon([*TSG_RULES, MEM_RULE]) as g:
-            c = Call(nv.alloc_memory, fd, tree.client, tree.device, 1 << 20)
-            answer_next(g, SCHED_OFF)
-            assert c.result().status == nv.NV_OK
-            c = Call(tsg_alloc, fd, tree, parent=0xBAD)  # no such parent: the driver fails it
-            answer_next(g, SCHED_OFF)
-            assert c.result().status != nv.NV_OK
-        assert traced(sched_trace) == []
+        g.register()
+        assert schedule(g, [(ctx, tree.client, g1, SCHED_STATE_OFF),
+                            (ctx, tree.client, g2, SCHED_STATE_OFF),
+                            (ctx, tree.client, g2, SCHED_STATE_OWNER_OFF)]) == [(0, 0)] * 3
+        with pytest.raises(NlError) as err:
+            schedule(g, [(ctx, tree.client, g1, 3)])
+        assert err.value.errno == errno.EINVAL
     finally:
-        os.close(fd)
-
-
-def test_sched_off_on_anything_but_rm_alloc_is_refused(vgpu: Path) -> None:
-    fd = os.open(vgpu / "nvidiactl", os.O_RDWR)
-    try:
-        tree = nv.build_tree(fd)
-        handle = tsg_alloc(fd, tree).handle
-        with daemon([CONTROL_RULE]) as g:
-            c = Call(nv.gpfifo_schedule, fd, tree.client, handle, False)
-            hdr, _ = g.next_upcall()
-            with pytest.raises(NlError) as err:
-                g.verdict(hdr[U_ID], ALLOW, flags=SCHED_OFF)
-            assert err.value.errno == errno.EINVAL and "RM_ALLOC" in err.value.msg
-            assert c.alive(), "a refused verdict completed the waiter"
-            g.verdict(hdr[U_ID], ALLOW)
-            assert c.result() == (0, nv.NV_OK)
-        assert group_enabled(tree.client, handle) is False
-    finally:
-        os.close(fd)
-
-
-def test_an_owner_off_is_not_turned_back_on(vgpu: Path) -> None:
-    fd = os.open(vgpu / "nvidiactl", os.O_RDWR)
-    try:
-        tree = nv.build_tree(fd)
-        g1, g2 = tsg_alloc(fd, tree).handle, tsg_alloc(fd, tree).handle
-        ctx = ctx_of(fd)
-        g = Genl()
-        try:
-            g.register()
-            assert schedule(g, [(ctx, tree.client, g1, SCHED_STATE_OFF),
-                                (ctx, tree.client, g2, SCHED_STATE_OFF),
-                                (ctx, tree.client, g2, SCHED_STATE_OWNER_OFF)]) == [(0, 0)] * 3
-            with pytest.raises(NlError) as err:
-                schedule(g, [(ctx, tree.client, g1, 3)])
-            assert err.value.errno == errno.EINVAL
-        finally:
-            g.close()  # dies with g1 off (its record) and g2 off for its owner (none)
-        with daemon([]):
-            assert [group_enabled(tree.client, h) for h in (g1, g2)] == [True, False]
-    finally:
-        os.close(fd)
+        g.close()  # dies with g1 off (its record) and g2 off for its owner (none)
+    with daemon([]):
+        assert [group_enabled(tree.client, h) for h in (g1, g2)] == [True, False]
