@@ -66,12 +66,12 @@ def test_sigkill_and_restart_keep_scheduling_the_groups(vgpu: Path, daemon_facto
 
         daemons[0].kill()  # SIGKILL: no stop, the groups stay as it left them
         daemons.append(daemon_factory("--config", str(config), log_level="info").start())
-        assert "2 contexts and 2 channel groups restored" in daemons[1].log()
         time.sleep(0.5)
         got = measure(tenants, 3.0)
         print("after the restart", got)
         assert abs(got[0] - 75) <= 4.0 and abs(got[1] - 25) <= 4.0, got
         assert shares_over_dbus() == [{0: 75.0}, {0: 25.0}]  # the targets of known groups
+        assert "2 contexts and 2 channel groups restored" in daemons[1].log()
     finally:
         if tenants is not None:
             tenants.close()
