@@ -11,10 +11,11 @@ state, takes the GPU inventory (vgpud.inventory), builds the Manager over a
 Ledger, and serves the admin API org.vgpud1 on the system bus
 ($DBUS_SYSTEM_BUS_ADDRESS honoured); an unreachable bus is a warning unless
 ``--require-dbus``. SIGHUP reloads the config (a bad file keeps the last good
-one). The ledger's charges are journaled (vgpud.journal, daemon.charges_path):
-a restarted daemon replays them, then asks the module which contexts are
-still open and drops the charges of the others. Contexts it has no record of
-are learned lazily from upcall headers.
+one). The ledger's charges and the scheduler's channel groups are journaled
+(vgpud.journal, daemon.charges_path): a restarted daemon replays them, then
+asks the module which contexts are still open and drops the charges and
+groups of the others. Contexts it has no record of are learned lazily from
+upcall headers.
 
 Exit status: 0 after a graceful stop, 1 after a forced one, 69 (EX_UNAVAILABLE)
 when the module is missing or refuses the registration (or the bus, with
@@ -513,6 +514,7 @@ def build_quota(config_path: Path, dbus: str, inventory=None) -> tuple[Policy, A
     from vgpud.manager import Manager
     from vgpud.procmem import ProcessMemory
     from vgpud.quota import QuotaPolicy
+    from vgpud.sched.groups import GroupTracker
     from vgpud.state import StateError, load_state
 
     try:
@@ -526,13 +528,18 @@ def build_quota(config_path: Path, dbus: str, inventory=None) -> tuple[Policy, A
     ledger = Ledger()
     manager = Manager(config_path, config, state, ledger, gpus)
     log.info("config %s: %d tenants, %d GPUs", config_path, len(manager.tenants), len(gpus))
-    journal = ChargeJournal.resume(config.daemon.charges_path, ledger)
+    tracker = GroupTracker()
+    journal = ChargeJournal.resume(config.daemon.charges_path, ledger, groups=tracker)
     quota = QuotaPolicy(manager, ledger, cgroup_path=cgroup_path_by_id(),
                         memory=ProcessMemory())
-    reconcile = quota.reconcile if quota.restored else None
+    reconcile = None
+    if quota.restored:
+        def reconcile(live: list[uapi.Context]) -> None:
+            for ctx in quota.reconcile(live):
+                tracker.closed(ctx)
     from vgpud.sched.service import build as build_scheduling
 
-    policy, scheduler = build_scheduling(manager, quota)
+    policy, scheduler = build_scheduling(manager, quota, tracker)
     return policy, Admin(manager, dbus, journal=journal, reconcile=reconcile,
                          scheduler=scheduler)
 

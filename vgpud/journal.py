@@ -1,4 +1,5 @@
-"""The charge journal: a restarted daemon keeps the charges of live contexts.
+"""The charge journal: a restarted daemon keeps the charges and the channel
+groups of live contexts.
 
 The ledger reports each durable change (vgpud.core.ledger.Change: a context
 opened or closed, an object tracked, charged, duplicated or freed). This
@@ -6,27 +7,36 @@ adapter appends each one as a line, with one write(), to a file in a runtime
 directory (``daemon.charges_path``, default /run/vgpud/charges: a tmpfs, which
 survives the daemon but not a reboot, as the contexts it describes do). There
 is no fsync: what a killed process has written is already in the page cache.
-When the appended lines outnumber both a floor and GROWTH times the live
-state, the file is compacted: the ledger's current state goes to a temp file
-that is renamed over it (so the file stays under GROWTH + 1 times the state).
+The scheduler's GroupTracker (vgpud.sched.groups) is followed the same way,
+in the same file: this journal is one of its sinks, and each group created,
+gone, paused or resumed is a line. When the appended lines outnumber both a
+floor and GROWTH times the live state (the ledger's and the groups'), the
+file is compacted: the current state goes to a temp file that is renamed
+over it (so the file stays under GROWTH + 1 times the state).
 
 At start, ``resume`` replays the journal into a fresh ledger (whose limits the
-config has set) and starts a new one from the result. A line whose checksum
-or fields are wrong is skipped with a warning, as is a change that no longer
-fits (a tenant or GPU gone from the config). A journal written under another
-boot (/proc/sys/kernel/random/boot_id) or another load of the vgpu module
-(context ids restart at each load) is discarded as a whole.
+config has set), then puts back in the tracker the groups whose context the
+ledger has restored (with the same tenant), paused as they were, and starts
+a new journal from the result. A line whose checksum or fields are wrong is
+skipped with a warning, as is a change that no longer fits (a tenant or GPU
+gone from the config, a group never created). A journal written under
+another boot (/proc/sys/kernel/random/boot_id) or another load of the vgpu
+module (context ids restart at each load) is discarded as a whole. A
+version 1 journal (no group lines) is read as it is.
 
 Format: text lines, fields separated by one space, each ending with the
 CRC-32 of what precedes it (8 hex digits); ``-`` for an absent parent or GPU:
 
-    vgpud-charges 1 BOOT_ID MODULE             header
+    vgpud-charges 2 BOOT_ID MODULE             header
     O ctx tenant                               opened
     T ctx client handle pclient phandle gpu    tracked
     C ctx client handle pclient phandle tenant gpu size
     D ctx client handle sclient shandle pclient phandle
     F client handle                            freed (with its subtree)
     X ctx                                      closed
+    G ctx tenant gpu client handle parent tgid a channel group created
+    R client handle                            that group gone
+    P client handle 0|1                        its owner resumed (0) or paused (1) it
 """
 
 from __future__ import annotations
@@ -37,7 +47,9 @@ import logging
 import os
 import uuid
 import zlib
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import suppress
+from itertools import chain
 from pathlib import Path
 from typing import NamedTuple
 
@@ -54,27 +66,55 @@ from vgpud.core.ledger import (
     Tracked,
 )
 from vgpud.core.tenants import validate_name
+from vgpud.sched.groups import Group, GroupTracker, group_id
 
 __all__ = [
     "ChargeJournal",
+    "GroupAdded",
+    "GroupPaused",
+    "GroupRemoved",
     "Identity",
+    "Record",
     "current_identity",
     "decode",
     "encode",
+    "group_changes",
     "load",
     "replay",
+    "replay_groups",
 ]
 
 log = logging.getLogger(__name__)
 
 MAGIC = "vgpud-charges"
-VERSION = 1
+VERSION = 2
+_READABLE = frozenset({"1", "2"})  # version 1: the same lines, without groups
 COMPACT_FLOOR = 4096  # appended lines that never trigger a compaction by themselves
 GROWTH = 4  # else compact when the appended lines outnumber the live ones this many times
 RETRY = 256  # changes between attempts to rewrite a journal whose write failed
 _LOGGED = 5  # bad lines logged one by one; the rest are only counted
 _U32_MAX = 0xFFFFFFFF
 _U64_MAX = 2**64 - 1
+
+
+class GroupAdded(NamedTuple):
+    group: Group
+
+
+class GroupRemoved(NamedTuple):
+    client: int
+    handle: int
+
+
+class GroupPaused(NamedTuple):
+    client: int
+    handle: int
+    paused: bool
+
+
+GroupChange = GroupAdded | GroupRemoved | GroupPaused
+Record = Change | GroupChange  # what a journal line holds
+_GROUP_CHANGES = (GroupAdded, GroupRemoved, GroupPaused)
 
 
 class Identity(NamedTuple):
@@ -124,8 +164,8 @@ def _key(key: Key | None) -> str:
     return "- -" if key is None else f"{key[0]} {key[1]}"
 
 
-def encode(change: Change) -> bytes:
-    """One journal line (with its newline) for a ledger change."""
+def encode(change: Record) -> bytes:
+    """One journal line (with its newline) for a ledger or group change."""
     kind = type(change)
     if kind is Charged:
         ctx, key, parent, tenant, gpu, size = change  # type: ignore[misc]
@@ -143,8 +183,16 @@ def encode(change: Change) -> bytes:
         text = f"O {change[0]} {change[1]}"  # type: ignore[index]
     elif kind is Closed:
         text = f"X {change[0]}"  # type: ignore[index]
+    elif kind is GroupAdded:
+        g: Group = change[0]  # type: ignore[index, assignment]
+        text = f"G {g.ctx} {g.tenant} {g.gpu} {g.client} {g.handle} {g.parent} {g.tgid}"
+    elif kind is GroupRemoved:
+        text = f"R {change[0]} {change[1]}"  # type: ignore[index, misc]
+    elif kind is GroupPaused:
+        client, handle, paused = change  # type: ignore[misc]
+        text = f"P {client} {handle} {int(paused)}"
     else:
-        raise TypeError(f"not a ledger change: {change!r}")
+        raise TypeError(f"not a ledger or group change: {change!r}")
     return _line(text)
 
 
@@ -175,7 +223,7 @@ def _parent(client: str, handle: str) -> Key | None:
     return _handle_pair(client, handle)
 
 
-def decode(fields: list[str]) -> Change:
+def decode(fields: list[str]) -> Record:
     """The change a line's fields describe; ValueError when they describe none."""
     kind, args = fields[0], fields[1:]
     n = len(args)
@@ -196,13 +244,22 @@ def decode(fields: list[str]) -> Change:
         return Opened(_int(args[0], _U64_MAX), validate_name(args[1]))
     if kind == "X" and n == 1:
         return Closed(_int(args[0], _U64_MAX))
+    if kind == "G" and n == 7:
+        return GroupAdded(Group(_int(args[0], _U64_MAX), validate_name(args[1]),
+                                _int(args[2], _U32_MAX), _int(args[3], _U32_MAX),
+                                _int(args[4], _U32_MAX), _int(args[5], _U32_MAX),
+                                _int(args[6], _U32_MAX)))
+    if kind == "R" and n == 2:
+        return GroupRemoved(*_handle_pair(args[0], args[1]))
+    if kind == "P" and n == 3 and args[2] in ("0", "1"):
+        return GroupPaused(*_handle_pair(args[0], args[1]), args[2] == "1")
     raise ValueError(f"unknown record {kind!r} with {n} fields")
 
 
 # --- reading -----------------------------------------------------------------
 
 
-def load(path: Path, identity: Identity) -> list[Change]:
+def load(path: Path, identity: Identity) -> list[Record]:
     """The changes in the journal at ``path``, if it was written under
     ``identity``; bad lines are skipped (and logged), a missing file is empty."""
     try:
@@ -220,15 +277,21 @@ def load(path: Path, identity: Identity) -> list[Change]:
         magic, version, boot_id, module = _checked(lines[0]) if lines else [""] * 4
     except ValueError:
         magic = version = boot_id = module = ""
-    if magic != MAGIC or version != str(VERSION):
+    if magic != MAGIC:
         if lines:
             log.warning("charge journal %s: no valid header, discarded", path)
+        return []
+    if version not in _READABLE:
+        log.warning("charge journal %s: format version %s, this vgpud reads %s: discarded",
+                    path, version, " and ".join(sorted(_READABLE)))
         return []
     if (boot_id, module) != identity:
         why = "another boot" if boot_id != identity.boot_id else "another load of vgpu.ko"
         log.info("charge journal %s is from %s: discarded", path, why)
         return []
-    changes: list[Change] = []
+    if version == "1":
+        log.info("charge journal %s: version 1, without channel groups", path)
+    changes: list[Record] = []
     bad = 0
     for number, raw in enumerate(lines[1:], start=2):
         try:
@@ -242,11 +305,13 @@ def load(path: Path, identity: Identity) -> list[Change]:
     return changes
 
 
-def replay(ledger: Ledger, changes: list[Change]) -> int:
-    """Apply ``changes`` in order; those that do not fit are skipped. Returns
-    how many were skipped."""
+def replay(ledger: Ledger, changes: Iterable[Record]) -> int:
+    """Apply the ledger ``changes`` in order (group changes are not its);
+    those that do not fit are skipped. Returns how many were skipped."""
     skipped = 0
     for change in changes:
+        if isinstance(change, _GROUP_CHANGES):
+            continue
         try:
             ledger.apply(change)
         except (LedgerError, ValueError) as exc:
@@ -258,23 +323,79 @@ def replay(ledger: Ledger, changes: list[Change]) -> int:
     return skipped
 
 
+def replay_groups(tracker: GroupTracker, changes: Iterable[Record],
+                  contexts: Mapping[int, str]) -> int:
+    """Add to ``tracker`` the groups that the group ``changes`` leave live and
+    whose context is in ``contexts`` (ctx -> tenant: the replayed ledger's)
+    with the group's tenant, paused as they were. A change about a group not
+    live is skipped. Returns how many were skipped."""
+    groups: dict[int, Group] = {}
+    paused: set[int] = set()
+    skipped = 0
+    for change in changes:
+        kind = type(change)
+        if kind is GroupAdded:
+            group: Group = change[0]  # type: ignore[index, assignment]
+            groups[group.id] = group
+            paused.discard(group.id)
+            continue
+        if kind is not GroupRemoved and kind is not GroupPaused:
+            continue
+        gid = group_id(change[0], change[1])  # type: ignore[index, arg-type]
+        if gid not in groups:
+            skipped += 1
+            if skipped <= _LOGGED:
+                log.warning("charge journal: %r is about no live group", change)
+        elif kind is GroupRemoved:
+            del groups[gid]
+            paused.discard(gid)
+        elif change[2]:  # type: ignore[misc]
+            paused.add(gid)
+        else:
+            paused.discard(gid)
+    dropped = 0
+    for gid, group in sorted(groups.items()):
+        if contexts.get(group.ctx) != group.tenant:
+            dropped += 1
+            continue
+        tracker.add(group)
+        if gid in paused:
+            tracker.set_paused(group, True)
+    if dropped:
+        log.info("charge journal: %d channel groups of contexts not restored left out",
+                 dropped)
+    if skipped > _LOGGED:
+        log.warning("charge journal: %d group changes did not apply in all", skipped)
+    return skipped
+
+
+def group_changes(tracker: GroupTracker) -> Iterator[GroupChange]:
+    """Changes that rebuild the tracker's groups and their paused state."""
+    for group in sorted(tracker, key=lambda g: g.id):
+        yield GroupAdded(group)
+        if tracker.paused(group):
+            yield GroupPaused(group.client, group.handle, True)
+
+
 # --- writing -----------------------------------------------------------------
 
 
 class ChargeJournal:
-    """Appends a ledger's changes to ``path`` (see the module doc).
+    """Appends a ledger's changes, and those of a group tracker if one is
+    given, to ``path`` (see the module doc); it is that tracker's GroupSink.
 
-    ``start`` writes the ledger's state as a fresh journal and subscribes to
-    its changes. A failed write never fails the ledger call it follows: it
+    ``start`` writes the state as a fresh journal and subscribes to its
+    changes. A failed write never fails the ledger call it follows: it
     is logged, and a compaction RETRY changes later rewrites the whole state,
     which heals the journal.
     """
 
     def __init__(self, path: Path, identity: Identity, ledger: Ledger, *,
-                 floor: int = COMPACT_FLOOR) -> None:
+                 groups: GroupTracker | None = None, floor: int = COMPACT_FLOOR) -> None:
         self.path = path
         self.identity = identity
         self.ledger = ledger
+        self.groups = groups
         self.floor = floor
         self.compactions = 0
         self._tmp = path.with_name(f".{path.name}.tmp")
@@ -286,12 +407,13 @@ class ChargeJournal:
         self._retry = 0
 
     @classmethod
-    def resume(cls, path: Path, ledger: Ledger, identity: Identity | None = None,
-               ) -> ChargeJournal | None:
-        """Replay the journal at ``path`` into ``ledger``, then journal it
-        afresh; None (logged) when it cannot be written, or while another
-        daemon holds it (its lock file, ``path`` + ``.lock``)."""
-        journal = cls(path, identity or current_identity(), ledger)
+    def resume(cls, path: Path, ledger: Ledger, identity: Identity | None = None, *,
+               groups: GroupTracker | None = None) -> ChargeJournal | None:
+        """Replay the journal at ``path`` into ``ledger`` and ``groups`` (an
+        empty tracker), then journal them afresh; None (logged) when it cannot
+        be written, or while another daemon holds it (its lock file, ``path``
+        + ``.lock``)."""
+        journal = cls(path, identity or current_identity(), ledger, groups=groups)
         try:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             journal._lock()
@@ -302,9 +424,12 @@ class ChargeJournal:
             return None
         changes = load(path, journal.identity)
         skipped = replay(ledger, changes)
+        if groups is not None:
+            skipped += replay_groups(groups, changes, ledger.contexts())
         if changes:
-            log.info("charge journal %s: %d changes replayed (%d skipped), %d contexts restored",
-                     path, len(changes) - skipped, skipped, len(ledger.contexts()))
+            log.info("charge journal %s: %d changes replayed (%d skipped), %d contexts and "
+                     "%d channel groups restored", path, len(changes) - skipped, skipped,
+                     len(ledger.contexts()), 0 if groups is None else len(groups))
         if not journal.start():
             journal.close()
             log.warning("charge journal %s unusable: charges will not survive a restart", path)
@@ -321,14 +446,26 @@ class ChargeJournal:
             raise OSError(errno.EBUSY, "held by another vgpud") from None
 
     def start(self) -> bool:
-        """Write the ledger's state as a fresh journal and follow its changes."""
+        """Write the state as a fresh journal and follow its changes."""
         if not self.compact():
             return False
         self.ledger.on_change = self.record
+        if self.groups is not None:
+            self.groups.sinks.insert(0, self)  # on file before anyone acts on it
         return True
 
-    def record(self, change: Change) -> None:
-        """The ledger's listener: one line, one write()."""
+    def group_created(self, group: Group) -> None:
+        self.record(GroupAdded(group))
+
+    def group_freed(self, group: Group) -> None:
+        self.record(GroupRemoved(group.client, group.handle))
+
+    def group_paused(self, group: Group, paused: bool) -> None:
+        self.record(GroupPaused(group.client, group.handle, paused))
+
+    def record(self, change: Record) -> None:
+        """The ledger's listener (and the tracker's, through the GroupSink
+        methods): one line, one write()."""
         if self._broken:
             self._retry -= 1
             if self._retry <= 0:
@@ -350,9 +487,10 @@ class ChargeJournal:
         self._appended += 1
 
     def compact(self) -> bool:
-        """Rewrite the journal as the ledger's current state (temp file, rename)."""
+        """Rewrite the journal as the current state (temp file, rename)."""
         lines = [_header(self.identity)]
-        lines.extend(encode(change) for change in self.ledger.changes())
+        groups = () if self.groups is None else group_changes(self.groups)
+        lines.extend(encode(change) for change in chain(self.ledger.changes(), groups))
         data = b"".join(lines)
         fd = -1
         try:
@@ -388,6 +526,9 @@ class ChargeJournal:
         """Stop journaling; the file stays for the next daemon."""
         if self.ledger.on_change == self.record:
             self.ledger.on_change = None
+        if self.groups is not None:
+            with suppress(ValueError):
+                self.groups.sinks.remove(self)
         for fd in (self._fd, self._lock_fd):
             if fd >= 0:
                 os.close(fd)

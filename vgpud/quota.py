@@ -332,15 +332,17 @@ class QuotaPolicy:
         self._complete(pending, upcall.nr, upcall.ret, upcall.params)
         return ALLOW
 
-    def reconcile(self, live: Iterable[Context]) -> None:
+    def reconcile(self, live: Iterable[Context]) -> list[int]:
         """After a restart: contexts restored from the charge journal that the
-        module no longer lists were closed while no daemon ran; their charges go."""
+        module no longer lists were closed while no daemon ran; their charges
+        go. Returns those contexts."""
         alive = {c.ctx_id for c in live}
         gone = [ctx for ctx in sorted(self.restored - alive) if ctx in self._contexts]
         for ctx in gone:
             self._close(ctx)
         log.info("restored contexts: %d live, %d closed while the daemon was down",
                  len(self.restored) - len(gone), len(gone))
+        return gone
 
     def on_event(self, event: Event) -> None:
         if type(event) is PostEvent:

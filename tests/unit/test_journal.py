@@ -171,7 +171,7 @@ def test_other_boot_or_module_load_is_discarded(tmp_path: Path, identity: Identi
     assert why in caplog.text
 
 
-@pytest.mark.parametrize("head", [b"", b"garbage\n", line("vgpud-charges 2 x y"),
+@pytest.mark.parametrize("head", [b"", b"garbage\n", line("vgpud-charges 3 x y"),
                                   line("other 1 x y"), b"\n"])
 def test_no_valid_header_means_nothing(tmp_path: Path, head: bytes) -> None:
     path = tmp_path / "charges"

@@ -16,9 +16,11 @@ request before its first await).
 
 Every tenant of the Manager is in every GPU's core; a tenant with no group on
 a GPU is never runnable there. A group learned before ``start`` (the channel
-is not up yet) is switched when it starts. ``stop`` turns every known group
-on again (but those their owners paused), so that tenants do not stay
-switched off without a daemon.
+is not up yet) is switched when it starts; so are the groups the tracker
+already holds when the service is made (a restarted daemon's, from the charge
+journal), each as if just created, or turned off for good if paused.
+``stop`` turns every known group on again (but those their owners paused),
+so that tenants do not stay switched off without a daemon.
 Shares are published to ``share_listeners`` at most once per SHARE_INTERVAL.
 """
 
@@ -148,6 +150,11 @@ class SchedulerService:
         self._measured: dict[str, dict[int, float]] = {}
         for gpu in manager.gpus:
             self._gpu(gpu.index)
+        for group in tracker:  # restored: the module turned back on those left off
+            if tracker.paused(group):
+                self.group_paused(group, True)
+            else:
+                self.group_created(group)
         tracker.sinks.append(self)
         manager.listeners.append(self)
 
@@ -513,8 +520,10 @@ def _percentiles(samples_ns: Sequence[int]) -> dict[str, float]:
     return {"n": len(ordered), "p50": pick(0.5), "p99": pick(0.99), "max": ordered[-1] / 1000}
 
 
-def build(manager: Manager, quota: TenantPolicy) -> tuple[SchedPolicy, SchedulerService]:
-    """The scheduling layer over the quota policy: its policy and its service."""
-    tracker = GroupTracker()
+def build(manager: Manager, quota: TenantPolicy, tracker: GroupTracker | None = None,
+          ) -> tuple[SchedPolicy, SchedulerService]:
+    """The scheduling layer over the quota policy: its policy and its service,
+    over ``tracker`` (with the groups the charge journal restored) or a new one."""
+    tracker = GroupTracker() if tracker is None else tracker
     activity = choose_source([gpu.index for gpu in manager.gpus])
     return SchedPolicy(quota, tracker), SchedulerService(manager, tracker, activity=activity)
