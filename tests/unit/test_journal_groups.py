@@ -365,7 +365,8 @@ def test_restarted_daemon_knows_the_groups_of_live_contexts(
             await asyncio.sleep(0.01)
         entries = [e for es in again.kernel.schedules for e in es]
         assert Sched(7, kept.client, kept.handle, SchedState.ON) in entries
-        assert not [e for e in entries if e.h_object == paused.handle and e.enable == 1]
+        assert [e.enable for e in entries if e.h_object == paused.handle] == [
+            SchedState.OWNER_OFF]
         os.kill(os.getpid(), signal.SIGTERM)
         assert await serving == 0
 
