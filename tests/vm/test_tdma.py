@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 import nvclient as nv
 from conftest import remove_cgroup
 from dbus_fixtures import PrivateBus
+from vgpud_proc import Daemon
 
 from vgpud.admin.client import AdminClient
 from vgpud.admin.dbus import tenant_path
@@ -104,42 +105,66 @@ def measure(tenants: Tenants, seconds: float) -> list[float]:
     return shares(before, tenants.busy())
 
 
+class Tdma:
+    """Cgroups, config, the daemon (D-Bus on a private bus) and the workloads of a test.
+
+    ``tdma(weights)`` starts them; ``restart()`` SIGKILLs the daemon and starts
+    another on the same config and charge journal."""
+
+    def __init__(self, daemon_factory: type[Daemon], tmp: Path) -> None:
+        self.daemon_factory = daemon_factory
+        self.config = tmp / "vgpud.toml"
+        self.tmp = tmp
+        self.made: list[Path] = []
+        self.running: list[Tenants] = []
+        self.daemons: list[Daemon] = []
+
+    def __call__(self, weights: Sequence[int], per_process: int = 16) -> Tenants:
+        for i in range(len(weights)):
+            path = CGROOT / f"vgpu-tdma-t{i}"
+            path.mkdir(exist_ok=True)
+            self.made.append(path)
+        self.config.write_text(config_text(self.tmp / "state.json", weights).replace(
+            "[daemon]\n", f'[daemon]\ncharges_path = "{self.tmp / "run" / "charges"}"\n'))
+        self._start_daemon()
+        tenants = Tenants(len(weights), per_process)
+        self.running.append(tenants)
+        time.sleep(1.0)  # the daemon learns the groups; a few frames go by
+        return tenants
+
+    def restart(self) -> Daemon:
+        """SIGKILL the daemon (no stop: groups stay as it left them); start another."""
+        self.daemons[-1].kill()
+        return self._start_daemon()
+
+    def _start_daemon(self) -> Daemon:
+        daemon = self.daemon_factory("--config", str(self.config), log_level="info").start()
+        self.daemons.append(daemon)
+        return daemon
+
+    def close(self) -> None:
+        for tenants in self.running:
+            tenants.close()
+        for d in self.daemons:
+            d.kill()
+            print(d.log())  # shown when the test fails
+        for path in self.made:
+            remove_cgroup(path)
+
+
 @pytest.fixture
-def tdma(vgpu: Path, daemon_factory, tmp_path: Path):
-    """start(weights) -> Tenants: cgroups, config, daemon (D-Bus on a private bus), workloads."""
+def tdma(vgpu: Path, daemon_factory: type[Daemon], tmp_path: Path) -> Iterator[Tdma]:
     if not (CGROOT / "cgroup.controllers").exists():
         pytest.skip("cgroup v2 is not mounted at /sys/fs/cgroup in this guest")
     if not Path(nv.PROC_GROUPS).exists():
         pytest.skip("nvsim has no work engine (/proc/driver/nvsim/groups)")
     bus = PrivateBus()
     os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = bus.address
-    made: list[Path] = []
-    running: list[Tenants] = []
-    daemons = []
-
-    def start(weights: Sequence[int], per_process: int = 16) -> Tenants:
-        for i in range(len(weights)):
-            path = CGROOT / f"vgpu-tdma-t{i}"
-            path.mkdir(exist_ok=True)
-            made.append(path)
-        config = tmp_path / "vgpud.toml"
-        config.write_text(config_text(tmp_path / "state.json", weights))
-        daemons.append(daemon_factory("--config", str(config), log_level="info").start())
-        tenants = Tenants(len(weights), per_process)
-        running.append(tenants)
-        time.sleep(1.0)  # the daemon learns the groups; a few frames go by
-        return tenants
-
+    world = Tdma(daemon_factory, tmp_path)
     try:
-        yield start
+        yield world
     finally:
-        for tenants in running:
-            tenants.close()
-        for d in daemons:
-            d.kill()
-            print(d.log())  # shown when the test fails
-        for path in made:
-            remove_cgroup(path)
+        world.close()
         bus.close()
         del os.environ["DBUS_SYSTEM_BUS_ADDRESS"]
 
@@ -275,3 +300,28 @@ def test_groups_never_run_outside_their_slots(tdma) -> None:
         print("busy ns: first slots", busy, "paused at", paused.busy_ns)
     finally:
         os.close(ctl)
+
+
+def shares_over_dbus(count: int) -> list[dict[int, float]]:
+    async def read(client: AdminClient) -> list[dict[int, float]]:
+        return [(await client.tenant_properties(tenant_path(f"t{i}")))["Share"]
+                for i in range(count)]
+
+    return asyncio.run(AdminClient.run(read))
+
+
+def test_sigkill_and_restart_keep_scheduling_the_groups(tdma) -> None:
+    """The restarted daemon learns the groups made before from the charge journal:
+    without it, the module would turn them all back on at its registration and
+    nvsim's round robin would give them equal time."""
+    tenants = tdma([300, 100])
+    got = measure(tenants, 2.0)
+    print("before the kill", got)
+    assert abs(got[0] - 75) <= 5.0, got
+    daemon = tdma.restart()
+    time.sleep(0.5)
+    got = measure(tenants, 3.0)
+    print("after the restart", got)
+    assert abs(got[0] - 75) <= 4.0 and abs(got[1] - 25) <= 4.0, got
+    assert shares_over_dbus(2) == [{0: 75.0}, {0: 25.0}]  # the targets of known groups
+    assert "2 contexts and 2 channel groups restored" in daemon.log()
