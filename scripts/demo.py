@@ -2,7 +2,9 @@
 
 nvsim stands in for the NVIDIA driver (2 GPUs of 4 GiB); vgpu exposes
 /dev/vgpu/* over it; vgpud enforces two tenants' memory quotas, with its
-D-Bus API on a private system bus, and vgpuctl changes a quota live.
+D-Bus API on a private system bus, and vgpuctl changes a quota live; then
+the two share GPU 0's time by weight (TDMA), and vgpuctl changes a weight
+live.
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ state_path = "{state}"
 [[tenant]]
 name = "team-a"
 memory = "1GiB"
+weight = 300
 match = [{{ uid = 1001 }}]
 
 [[tenant]]
 name = "team-b"
 memory = "50%"
+weight = 100
 match = [{{ uid = 1002 }}]
 """
 
@@ -50,10 +54,34 @@ def run(*cmd: str) -> str:
     return out
 
 
+def user_argv(uid: int, *args: str | int) -> list[str]:
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+            sys.executable, WORKLOAD, "/dev/vgpu", *map(str, args)]
+
+
 def as_user(uid: int, *args: str | int) -> list[dict]:
-    out = run("setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-              sys.executable, WORKLOAD, "/dev/vgpu", *map(str, args))
+    out = run(*user_argv(uid, *args))
     return [json.loads(line) for line in out.splitlines()]
+
+
+def compute_shares(seconds: float) -> list[float]:
+    """team-a and team-b each saturate a channel group on GPU 0: their shares (%)."""
+    argvs = [user_argv(uid, "compute", seconds) for uid in (1001, 1002)]
+    for argv in argvs:
+        print("$ " + " ".join(argv) + " &", flush=True)
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) for argv in argvs]
+    for proc in procs:
+        assert proc.stdout is not None
+        made = json.loads(proc.stdout.readline())
+        print(made, flush=True)
+        assert made["enabled"] is False, "a new group was on when its alloc returned"
+    busy = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=seconds + 30)
+        busy.append(json.loads(out.splitlines()[-1])["busy_ns"])
+    shares = [round(100 * b / sum(busy), 1) for b in busy]
+    print(f"measured busy shares: team-a {shares[0]}%, team-b {shares[1]}%", flush=True)
+    return shares
 
 
 def main() -> None:
@@ -94,6 +122,16 @@ def main() -> None:
         results = as_user(1001, "alloc", "256MiB", 5)
         assert all(r["status"] == 0 for r in results), results
         run("vgpuctl", "tenant", "list")
+
+        step("time slices: team-a (weight 300) and team-b (weight 100) saturate GPU 0;"
+             " each new channel group is off when its alloc returns")
+        shares = compute_shares(4.0)
+        assert abs(shares[0] - 75) <= 5, shares
+
+        step("give team-b the same weight, live: the next frame splits GPU 0 evenly")
+        run("vgpuctl", "tenant", "set", "team-b", "--weight", "300")
+        shares = compute_shares(4.0)
+        assert abs(shares[0] - 50) <= 5, shares
         run("vgpuctl", "module-stats")
     finally:
         daemon.stop()

@@ -2,6 +2,7 @@
 
     python tests/tenant_workload.py NODEDIR alloc SIZE COUNT [--hold]
     python tests/tenant_workload.py NODEDIR fbinfo | fbinfo1 | heapinfo
+    python tests/tenant_workload.py NODEDIR compute SECONDS
 
 `alloc` opens the node directory's nvidiactl, builds a client/device/subdevice
 tree on GPU 0 and allocates COUNT blocks of SIZE (MiB units: 256MiB) of local
@@ -10,7 +11,11 @@ video memory, printing one JSON line per allocation ({"i", "errno",
 stdin before closing. `fbinfo` prints the FB_GET_INFO_V2 figures the tenant
 sees (KiB), `fbinfo1` the same through the legacy FB_GET_INFO (its list in
 our memory), `heapinfo` RM_VID_HEAP_CONTROL INFO's total, free and largest
-free block (bytes). An open refused by the daemon prints {"open_errno": N}.
+free block (bytes). `compute` allocates a channel group, prints whether it
+was scheduled when its alloc returned ({"client", "group", "enabled"}), keeps
+40 ms or more of simulated work pending on it (nvsim's work engine) for
+SECONDS, and prints the GPU time it got ({"busy_ns"}). An open refused by the
+daemon prints {"open_errno": N}.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -45,6 +51,7 @@ def main() -> None:
     alloc.add_argument("--hold", action="store_true")
     for what in ("fbinfo", "fbinfo1", "heapinfo"):
         sub.add_parser(what)
+    sub.add_parser("compute").add_argument("seconds", type=float)
     args = ap.parse_args()
 
     try:
@@ -64,12 +71,32 @@ def main() -> None:
         _attr, _offset, largest, _base = nv.NVOS32_INFO.unpack_from(data)
         print(json.dumps({"errno": e, "status": st, **head, "largest": largest}), flush=True)
         return
+    if args.what == "compute":
+        compute(ctl, tree, args.seconds)
+        return
     for i in range(args.count):
         r = nv.alloc_memory(ctl, tree.client, tree.device, args.size)
         print(json.dumps({"i": i, "errno": r.errno, "status": r.status}), flush=True)
     if args.hold:
         print("holding", flush=True)
         sys.stdin.readline()
+    os.close(ctl)
+
+
+def compute(ctl: int, tree: nv.Tree, seconds: float) -> None:
+    group = nv.alloc_channel_group(ctl, tree.client, tree.device)
+    stats = nv.work_stats(ctl, tree.client, group)[2]
+    print(json.dumps({"client": tree.client, "group": group,
+                      "enabled": stats is not None and stats.enabled}), flush=True)
+    target = 40_000_000  # ns of work kept pending
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        stats = nv.work_stats(ctl, tree.client, group)[2]
+        if stats is not None and stats.pending_ns < target:
+            nv.submit_work(ctl, tree.client, group, 2 * target - stats.pending_ns)
+        time.sleep(0.01)
+    stats = nv.work_stats(ctl, tree.client, group)[2]
+    print(json.dumps({"busy_ns": stats.busy_ns if stats else None}), flush=True)
     os.close(ctl)
 
 
