@@ -21,6 +21,7 @@
 #include <linux/build_bug.h>
 #include <linux/file.h>
 #include <linux/fs.h>
+#include <linux/hashtable.h>
 #include <linux/ioctl.h>
 #include <linux/list.h>
 #include <linux/mm.h>
@@ -106,13 +107,13 @@ struct vgpu_sched_block {
 
 /**
  * struct vgpu_sched_off - a channel group this module turned off
- * @node: in vgpu_sched_offs
+ * @node: in vgpu_sched_offs, by vgpu_sched_key()
  * @ctx_id: the owner's context
  * @h_client: the RM client
  * @h_object: the channel group
  */
 struct vgpu_sched_off {
-	struct list_head node;
+	struct hlist_node node;
 	u64 ctx_id;
 	u32 h_client;
 	u32 h_object;
@@ -120,7 +121,7 @@ struct vgpu_sched_off {
 
 /* vgpu_sched_off_lock protects vgpu_sched_offs and vgpu_sched_n_off. */
 static DEFINE_MUTEX(vgpu_sched_off_lock);
-static LIST_HEAD(vgpu_sched_offs);
+static DEFINE_HASHTABLE(vgpu_sched_offs, 10);
 static u32 vgpu_sched_n_off;
 
 #define VGPU_RM_CONTROL	_IOC(_IOC_READ | _IOC_WRITE, NV_IOCTL_MAGIC, \
@@ -201,12 +202,17 @@ static void vgpu_sched_entry(const struct vgpu_sched *s, unsigned long ubuf,
 	fput(backing);
 }
 
+static u64 vgpu_sched_key(const struct vgpu_sched *s)
+{
+	return s->ctx_id ^ ((u64)s->h_client << 32 | s->h_object);
+}
+
 static struct vgpu_sched_off *vgpu_sched_off_find(const struct vgpu_sched *s)
 {
 	struct vgpu_sched_off *o;
 
 	lockdep_assert_held(&vgpu_sched_off_lock);
-	list_for_each_entry(o, &vgpu_sched_offs, node)
+	hash_for_each_possible(vgpu_sched_offs, o, node, vgpu_sched_key(s))
 		if (o->ctx_id == s->ctx_id && o->h_client == s->h_client &&
 		    o->h_object == s->h_object)
 			return o;
@@ -235,7 +241,7 @@ static int vgpu_sched_off_add(const struct vgpu_sched *s)
 	} else if (vgpu_sched_n_off >= VGPU_SCHED_OFF_MAX) {
 		ret = -ENOSPC;
 	} else {
-		list_add_tail(&rec->node, &vgpu_sched_offs);
+		hash_add(vgpu_sched_offs, &rec->node, vgpu_sched_key(s));
 		vgpu_sched_n_off++;
 		rec = NULL;
 	}
@@ -251,7 +257,7 @@ static void vgpu_sched_off_del(const struct vgpu_sched *s)
 	mutex_lock(&vgpu_sched_off_lock);
 	o = vgpu_sched_off_find(s);
 	if (o) {
-		list_del(&o->node);
+		hash_del(&o->node);
 		vgpu_sched_n_off--;
 	}
 	mutex_unlock(&vgpu_sched_off_lock);
@@ -416,23 +422,28 @@ out:
  */
 u32 vgpu_sched_restore(void)
 {
-	struct vgpu_sched_off *o, *tmp;
+	struct vgpu_sched_off *o;
+	struct hlist_node *tmp;
 	struct vgpu_sched_result r;
 	struct vgpu_sched s = { .enable = VGPU_SCHED_ON };
 	unsigned long ubuf;
-	LIST_HEAD(offs);
+	HLIST_HEAD(offs);
 	u32 restored = 0;
+	unsigned int bkt;
 
 	mutex_lock(&vgpu_sched_off_lock);
-	list_splice_init(&vgpu_sched_offs, &offs);
+	hash_for_each_safe(vgpu_sched_offs, bkt, tmp, o, node) {
+		hash_del(&o->node);
+		hlist_add_head(&o->node, &offs);
+	}
 	vgpu_sched_n_off = 0;
 	mutex_unlock(&vgpu_sched_off_lock);
-	if (list_empty(&offs))
+	if (hlist_empty(&offs))
 		return 0;
 
 	ubuf = current->mm ? vm_mmap(NULL, 0, PAGE_SIZE, PROT_READ | PROT_WRITE,
 				     MAP_PRIVATE | MAP_ANONYMOUS, 0) : -ENOMEM;
-	list_for_each_entry_safe(o, tmp, &offs, node) {
+	hlist_for_each_entry_safe(o, tmp, &offs, node) {
 		if (!IS_ERR_VALUE(ubuf)) {
 			s.ctx_id = o->ctx_id;
 			s.h_client = o->h_client;
@@ -442,7 +453,7 @@ u32 vgpu_sched_restore(void)
 			if (!r.error && !r.status)
 				restored++;
 		}
-		list_del(&o->node);
+		hlist_del(&o->node);
 		kfree(o);
 	}
 	if (IS_ERR_VALUE(ubuf))
@@ -455,12 +466,14 @@ u32 vgpu_sched_restore(void)
 /* The context is gone: its groups went with its client. */
 void vgpu_sched_forget(u64 ctx_id)
 {
-	struct vgpu_sched_off *o, *tmp;
+	struct vgpu_sched_off *o;
+	struct hlist_node *tmp;
+	unsigned int bkt;
 
 	mutex_lock(&vgpu_sched_off_lock);
-	list_for_each_entry_safe(o, tmp, &vgpu_sched_offs, node) {
+	hash_for_each_safe(vgpu_sched_offs, bkt, tmp, o, node) {
 		if (o->ctx_id == ctx_id) {
-			list_del(&o->node);
+			hash_del(&o->node);
 			vgpu_sched_n_off--;
 			kfree(o);
 		}
@@ -470,11 +483,13 @@ void vgpu_sched_forget(u64 ctx_id)
 
 void vgpu_sched_exit(void)
 {
-	struct vgpu_sched_off *o, *tmp;
+	struct vgpu_sched_off *o;
+	struct hlist_node *tmp;
+	unsigned int bkt;
 
 	mutex_lock(&vgpu_sched_off_lock);
-	list_for_each_entry_safe(o, tmp, &vgpu_sched_offs, node) {
-		list_del(&o->node);
+	hash_for_each_safe(vgpu_sched_offs, bkt, tmp, o, node) {
+		hash_del(&o->node);
 		kfree(o);
 	}
 	vgpu_sched_n_off = 0;
