@@ -226,15 +226,7 @@ def test_admin_group_members_may_change(system_bus: PrivateBus, tmp_path: Path) 
 
 def test_properties_changed_on_set_memory_limit(service: ServiceThread) -> None:
     async def run(client: AdminClient) -> Message:
-        received: asyncio.Queue[Message] = asyncio.Queue()
-
-        def on_message(msg: Message) -> None:
-            if msg.message_type == MessageType.SIGNAL and msg.member == "PropertiesChanged":
-                received.put_nowait(msg)
-
-        client.bus.add_message_handler(on_message)
-        await add_match(client, "type='signal',sender='org.vgpud1',"
-                                "interface='org.freedesktop.DBus.Properties'")
+        received = await properties_changed(client)
         await client.call("SetMemoryLimit", "ss", "alice", "2GiB")
         return await asyncio.wait_for(received.get(), 5)
 
@@ -272,6 +264,20 @@ def test_quota_exceeded_and_tenant_signals(service: ServiceThread) -> None:
         ("TenantAdded", ["carol", tenant_path("carol")]),
         ("TenantRemoved", ["carol", tenant_path("carol")]),
     ]
+
+
+async def properties_changed(client: AdminClient) -> asyncio.Queue[Message]:
+    """The PropertiesChanged signals vgpud emits from now on."""
+    received: asyncio.Queue[Message] = asyncio.Queue()
+
+    def on_message(msg: Message) -> None:
+        if msg.message_type == MessageType.SIGNAL and msg.member == "PropertiesChanged":
+            received.put_nowait(msg)
+
+    client.bus.add_message_handler(on_message)
+    await add_match(client, "type='signal',sender='org.vgpud1',"
+                            "interface='org.freedesktop.DBus.Properties'")
+    return received
 
 
 async def add_match(client: AdminClient, rule: str) -> None:

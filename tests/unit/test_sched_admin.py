@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from dbus_fast import Message, MessageType
+from dbus_fast import Message
 from dbus_fixtures import (
     GIB,
     PrivateBus,
@@ -19,6 +19,7 @@ from dbus_fixtures import (
     system_bus_fixture,  # noqa: F401
     write_config,
 )
+from test_dbus_api import properties_changed
 
 from vgpud import cli
 from vgpud.admin.client import AdminClient
@@ -64,17 +65,7 @@ def test_shares_changed_emits_properties_changed(sched_service: ServiceThread) -
     (admin,) = scheduler.share_listeners  # the AdminService registered itself
 
     async def run(client: AdminClient) -> Message:
-        received: asyncio.Queue[Message] = asyncio.Queue()
-
-        def on_message(msg: Message) -> None:
-            if msg.message_type == MessageType.SIGNAL and msg.member == "PropertiesChanged":
-                received.put_nowait(msg)
-
-        client.bus.add_message_handler(on_message)
-        await client.bus.call(Message(
-            destination="org.freedesktop.DBus", path="/org/freedesktop/DBus",
-            interface="org.freedesktop.DBus", member="AddMatch", signature="s",
-            body=["type='signal',sender='org.vgpud1'"]))
+        received = await properties_changed(client)
         scheduler.measured["alice"] = {0: 50.0}
         sched_service.call(admin.shares_changed, ["alice"])
         return await asyncio.wait_for(received.get(), 5)
