@@ -417,10 +417,12 @@ class JournaledLedgerMachine(LedgerMachine):
         shutil.rmtree(self.dir)
 
 
-JournaledLedgerMachine.TestCase.settings = settings(
+# Journal state machines: each step writes a file, so fewer examples than the ledger's.
+MACHINE_SETTINGS = settings(
     max_examples=150,
     stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+JournaledLedgerMachine.TestCase.settings = MACHINE_SETTINGS
 TestJournaledLedgerMachine = JournaledLedgerMachine.TestCase

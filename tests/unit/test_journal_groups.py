@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 from fakekernel import make_context
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from test_daemon_quota import World as DaemonWorld
-from test_journal import ID, fresh, journal_file
+from test_journal import ID, MACHINE_SETTINGS, fresh, journal_file
 from test_sched_service import CONFIG as SCHED_CONFIG
 from test_sched_service import Clock, Recorder, Timers, settle
 
@@ -440,12 +439,7 @@ class JournaledGroupsMachine(RuleBasedStateMachine):
         shutil.rmtree(self.dir)
 
 
-JournaledGroupsMachine.TestCase.settings = settings(
-    max_examples=150,
-    stateful_step_count=50,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+JournaledGroupsMachine.TestCase.settings = MACHINE_SETTINGS
 TestJournaledGroupsMachine = JournaledGroupsMachine.TestCase
 
 

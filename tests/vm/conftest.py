@@ -88,14 +88,19 @@ def set_param(module: str, name: str, value: str) -> None:
     Path(f"/sys/module/{module}/parameters/{name}").write_text(value)
 
 
-@pytest.fixture
-def nvsim() -> Iterator[Path]:
-    """nvsim with 2 GPUs of 1 GiB, unloaded (and checked) after the test."""
-    insmod(NVSIM_KO, "gpus=2", "mem_mib=1024")
+def nvsim_loaded(mem_mib: int) -> Iterator[Path]:
+    """nvsim with 2 GPUs of mem_mib, unloaded (and checked) after the test."""
+    insmod(NVSIM_KO, "gpus=2", f"mem_mib={mem_mib}")
     wait_path(NVSIM_DIR / "nvidiactl")
     yield NVSIM_DIR
     res = rmmod("nvsim")
     assert res.returncode == 0, f"rmmod nvsim: {res.stderr}"
+
+
+@pytest.fixture
+def nvsim() -> Iterator[Path]:
+    """nvsim with 2 GPUs of 1 GiB."""
+    yield from nvsim_loaded(1024)
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
 import nvclient as nv
 import test_vgpu_module
-from conftest import NVSIM_DIR, NVSIM_KO, insmod, rmmod, set_param, wait_path
+from conftest import NVSIM_DIR, nvsim_loaded, set_param
 from dbus_fixtures import PrivateBus
 from test_vgpu_module import (
     A_DATA,
@@ -87,11 +87,7 @@ env = test_vgpu_module.vg
 @pytest.fixture
 def nvsim() -> Iterator[Path]:
     """nvsim with 4 GiB GPUs: a rewritten 2 GiB size fits, only the shadow stops it."""
-    insmod(NVSIM_KO, "gpus=2", "mem_mib=4096")
-    wait_path(NVSIM_DIR / "nvidiactl")
-    yield NVSIM_DIR
-    res = rmmod("nvsim")
-    assert res.returncode == 0, f"rmmod nvsim: {res.stderr}"
+    yield from nvsim_loaded(4096)
 
 
 def gauge(name: str) -> int:
