@@ -6,13 +6,13 @@ $NOTIFY_SOCKET. SIGTERM/SIGINT start a graceful drain (STOPPING=1, empty
 filter, answer what is queued, UNREGISTER); a second signal skips the drain.
 
 With ``--config`` (or ``--policy quota``) the daemon enforces per-tenant GPU
-memory quotas (vgpud.quota.QuotaPolicy): it loads the config and the runtime
-state, takes the GPU inventory (vgpud.inventory), builds the Manager over a
+memory quotas (vgpud.policy.quota.QuotaPolicy): it loads the config and the runtime
+state, takes the GPU inventory (vgpud.host.inventory), builds the Manager over a
 Ledger, and serves the admin API org.vgpud1 on the system bus
 ($DBUS_SYSTEM_BUS_ADDRESS honoured); an unreachable bus is a warning unless
 ``--require-dbus``. SIGHUP reloads the config (a bad file keeps the last good
 one). The ledger's charges and the scheduler's channel groups are journaled
-(vgpud.journal, daemon.charges_path): a restarted daemon replays them, then
+(vgpud.store.journal, daemon.charges_path): a restarted daemon replays them, then
 asks the module which contexts are still open and drops the charges and
 groups of the others. Contexts it has no record of are learned lazily from
 upcall headers.
@@ -56,16 +56,17 @@ from vgpud.kernel.uapi import (
 )
 from vgpud.nvidia.escapes import Escape
 from vgpud.nvidia.layouts import NVOS21, NVOS64, decode_call
-from vgpud.nvidia.rules import parse_filter_spec
-from vgpud.policy import Decoded, Policy, Request, parse_policy
+from vgpud.policy.base import Decoded, Policy, Request
+from vgpud.policy.rules import parse_filter_spec
+from vgpud.policy.simple import parse_policy
 
 if TYPE_CHECKING:
     from dbus_fast.aio import MessageBus
 
     from vgpud.admin.dbus import AdminService
-    from vgpud.journal import ChargeJournal
-    from vgpud.manager import Manager
+    from vgpud.admin.manager import Manager
     from vgpud.sched.service import SchedulerService
+    from vgpud.store.journal import ChargeJournal
 
 __all__ = ["Counters", "Daemon", "Dispatcher", "Notifier", "main"]
 
@@ -315,7 +316,7 @@ class Admin:
 
     def reload(self) -> None:
         """SIGHUP: re-read the config; a bad one keeps the last good one."""
-        from vgpud.manager import AdminError
+        from vgpud.admin.manager import AdminError
 
         try:
             self.manager.reload()
@@ -507,15 +508,15 @@ class StartupError(Exception):
 def build_quota(config_path: Path, dbus: str, inventory=None) -> tuple[Policy, Admin]:
     """Config, state, inventory, Manager, Ledger (with the charges of the journal),
     QuotaPolicy and the TDMA scheduler over it (vgpud.sched); StartupError on bad files."""
-    from vgpud import inventory as inv
-    from vgpud.config import ConfigError, load_config
+    from vgpud.admin.manager import Manager
+    from vgpud.core.groups import GroupTracker
     from vgpud.core.ledger import Ledger
-    from vgpud.journal import ChargeJournal
-    from vgpud.manager import Manager
-    from vgpud.procmem import ProcessMemory
-    from vgpud.quota import QuotaPolicy
-    from vgpud.sched.groups import GroupTracker
-    from vgpud.state import StateError, load_state
+    from vgpud.host import inventory as inv
+    from vgpud.host.procmem import ProcessMemory
+    from vgpud.policy.quota import QuotaPolicy
+    from vgpud.store.config import ConfigError, load_config
+    from vgpud.store.journal import ChargeJournal
+    from vgpud.store.state import StateError, load_state
 
     try:
         config = load_config(config_path)
@@ -573,7 +574,7 @@ def main(config_path: Path | None, policy_spec: str | None, filter_specs: tuple[
     admin = None
     try:
         if policy_spec == "quota":
-            from vgpud.config import DEFAULT_CONFIG_PATH
+            from vgpud.store.config import DEFAULT_CONFIG_PATH
 
             dbus = "off" if no_dbus else "require" if require_dbus else "try"
             try:

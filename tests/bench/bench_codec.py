@@ -26,7 +26,7 @@ from vgpud.kernel.channel import GenlChannel
 from vgpud.kernel.uapi import ALLOW
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Escape, NvClass
-from vgpud.policy import AllowAll, DenyClasses
+from vgpud.policy.simple import AllowAll, DenyClasses
 
 
 def measure(fn: Callable[[], object], n: int) -> float:

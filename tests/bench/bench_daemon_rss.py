@@ -46,7 +46,7 @@ def serve(fd: int, config: Path) -> None:
     import uvloop
 
     from vgpud.daemon import Daemon, Dispatcher, build_quota
-    from vgpud.inventory import GpuInfo
+    from vgpud.host.inventory import GpuInfo
     from vgpud.kernel.channel import GenlChannel, UpcallHandler
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)

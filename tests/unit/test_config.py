@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from vgpud.config import (
+from vgpud.core.tenants import MatchRule, MemoryLimit, Priority, UvmPolicy
+from vgpud.store.config import (
     DEFAULT_STATE_PATH,
     ConfigError,
     DaemonSettings,
     load_config,
     parse_config,
 )
-from vgpud.core.tenants import MatchRule, MemoryLimit, Priority, UvmPolicy
 
 FULL = """
 [daemon]

@@ -24,7 +24,7 @@ from vgpud.kernel import uapi
 from vgpud.kernel.channel import GenlChannel
 from vgpud.kernel.uapi import Cmd, VerdictAction
 from vgpud.nvidia import layouts as L
-from vgpud.policy import DenyClasses
+from vgpud.policy.simple import DenyClasses
 
 ALLOC21 = L.NVOS21.struct.pack(1, 2, 3, 0x40, 0, 0, 0)
 

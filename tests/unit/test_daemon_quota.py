@@ -21,7 +21,7 @@ from test_daemon import World as _World
 from vgpud import daemon
 from vgpud.admin.dbus import BUS_NAME
 from vgpud.daemon import Daemon, Dispatcher, Notifier, build_quota
-from vgpud.inventory import GpuInfo
+from vgpud.host.inventory import GpuInfo
 from vgpud.kernel import codec
 from vgpud.kernel.uapi import FILTER_OPEN, FILTER_UVM_MMAP, Cmd, UpcallKind, VerdictAction
 from vgpud.nvidia import layouts as L

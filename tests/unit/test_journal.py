@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
 from test_ledger import ACCOUNTS, LedgerMachine, ModelNode
 
-from vgpud import journal as J
 from vgpud.core.ledger import (
     Change,
     Charged,
@@ -33,7 +32,8 @@ from vgpud.core.ledger import (
     Reservation,
     Tracked,
 )
-from vgpud.journal import ChargeJournal, Identity
+from vgpud.store import journal as J
+from vgpud.store.journal import ChargeJournal, Identity
 
 MiB = 2**20
 ID = Identity("5f6a1c1e-0000-4000-8000-000000000001", "4242")
@@ -350,7 +350,7 @@ WRITER = textwrap.dedent("""
     import sys
     from pathlib import Path
     from vgpud.core.ledger import Key, Ledger
-    from vgpud.journal import ChargeJournal, Identity
+    from vgpud.store.journal import ChargeJournal, Identity
     ledger = Ledger()
     ledger.set_limit("a", 0, 1 << 40)
     ChargeJournal.resume(Path(sys.argv[1]), ledger, Identity("b", "m"))

@@ -23,15 +23,15 @@ from test_journal import ID, MACHINE_SETTINGS, fresh, journal_file
 from test_sched_service import CONFIG as SCHED_CONFIG
 from test_sched_service import Clock, Recorder, Timers, settle
 
-from vgpud import journal as J
-from vgpud.config import parse_config
+from vgpud.admin.manager import Manager
+from vgpud.core.groups import Group, GroupTracker
 from vgpud.core.ledger import Closed, Ledger, Opened
-from vgpud.journal import ChargeJournal, GroupAdded, GroupPaused, GroupRemoved, Identity
 from vgpud.kernel.uapi import Sched, SchedState
-from vgpud.manager import Manager
-from vgpud.sched.groups import Group, GroupTracker
 from vgpud.sched.service import SchedulerService
-from vgpud.state import RuntimeState
+from vgpud.store import journal as J
+from vgpud.store.config import parse_config
+from vgpud.store.journal import ChargeJournal, GroupAdded, GroupPaused, GroupRemoved, Identity
+from vgpud.store.state import RuntimeState
 
 GIB = 2**30
 G1 = Group(1, "a", 0, 0xC1D00001, 0x5C000001, 0xBEEF0080, 4242)

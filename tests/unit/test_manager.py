@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 from dbus_fixtures import GIB, make_manager, write_config
 
-from vgpud.core.ledger import Denied, Key, Ledger, Reservation, UnknownTenant
-from vgpud.manager import (
+from vgpud.admin.manager import (
     BINDINGS,
     CONTEXTS,
     USAGE,
@@ -21,7 +20,8 @@ from vgpud.manager import (
     NoSuchTenant,
     TenantBusy,
 )
-from vgpud.state import load_state
+from vgpud.core.ledger import Denied, Key, Ledger, Reservation, UnknownTenant
+from vgpud.store.state import load_state
 
 
 class Recorder:

@@ -19,7 +19,7 @@ from vgpud.daemon import Daemon, Dispatcher, Notifier, build_quota
 from vgpud.kernel.uapi import VERDICT_F_SCHED_OFF, Sched, SchedResult, UpcallKind, VerdictAction
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Escape
-from vgpud.sched.policy import SchedPolicy
+from vgpud.policy.sched import SchedPolicy
 
 TENANT_B = '\n[[tenant]]\nname = "b"\nmatch = [{ uid = 2000 }]\n'
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from test_quota import World, setup_gpu
 
+from vgpud.core.groups import Group, GroupTracker, group_id
 from vgpud.daemon import Dispatcher
 from vgpud.kernel.uapi import (
     ALLOW,
@@ -19,9 +20,8 @@ from vgpud.kernel.uapi import (
 )
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Ctrl, Escape, NvStatus
-from vgpud.nvidia.rules import rm_alloc_channel_groups, rm_control_cmds
-from vgpud.sched.groups import Group, GroupTracker, group_id
-from vgpud.sched.policy import SchedPolicy
+from vgpud.policy.rules import rm_alloc_channel_groups, rm_control_cmds
+from vgpud.policy.sched import SchedPolicy
 
 TSG = 0xA06C
 

@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from vgpud.config import parse_config
+from vgpud.admin.manager import Manager
+from vgpud.core.groups import Group, GroupTracker
 from vgpud.core.ledger import Ledger
 from vgpud.kernel.uapi import Sched, SchedResult, SchedState
-from vgpud.manager import Manager
 from vgpud.sched.activity import Activity
 from vgpud.sched.actuator import ActuatorStats, ModuleActuator
-from vgpud.sched.groups import Group, GroupTracker
 from vgpud.sched.service import SchedulerService, target_shares
-from vgpud.state import RuntimeState
+from vgpud.store.config import parse_config
+from vgpud.store.state import RuntimeState
 
 GIB = 2**30
 MS = 1_000_000  # ns

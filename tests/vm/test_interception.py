@@ -34,8 +34,8 @@ from vgpud.kernel.codec import CloseEvent, Event, PostEvent
 from vgpud.kernel.uapi import ALLOW, Filter, Stats, Verdict
 from vgpud.nvidia.escapes import NvStatus
 from vgpud.nvidia.layouts import MemoryAllocParams, RmAlloc
-from vgpud.nvidia.rules import rm_alloc_classes
-from vgpud.policy import Request
+from vgpud.policy.base import Request
+from vgpud.policy.rules import rm_alloc_classes
 
 pytestmark = pytest.mark.vm
 

@@ -34,8 +34,7 @@ from dbus_fast.service import ServiceInterface, dbus_method, dbus_property, dbus
 
 from vgpud import __version__
 from vgpud.admin.auth import caller_of, is_admin
-from vgpud.core.ledger import Denied
-from vgpud.manager import (
+from vgpud.admin.manager import (
     BINDINGS,
     CONTEXTS,
     USAGE,
@@ -46,6 +45,7 @@ from vgpud.manager import (
     NoSuchTenant,
     TenantBusy,
 )
+from vgpud.core.ledger import Denied
 
 if TYPE_CHECKING:
     from vgpud.sched.service import SchedulerService

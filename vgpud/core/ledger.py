@@ -24,7 +24,7 @@ pass on the same free bytes.
 Durable changes (contexts, objects, charges; not limits, which come from the
 config, nor reservations, which live for one call) are reported as Change
 values to ``on_change`` when one is set: the daemon's charge journal
-(vgpud.journal) appends them, and ``apply`` replays them into a new ledger
+(vgpud.store.journal) appends them, and ``apply`` replays them into a new ledger
 after a restart. ``changes()`` lists the changes that rebuild the current
 state, for compacting that journal.
 """

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from vgpud.sched.groups import GroupTracker
+from vgpud.core.groups import GroupTracker
 
 __all__ = [
     "Activity",

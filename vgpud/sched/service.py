@@ -35,6 +35,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from vgpud.core.groups import Group, GroupTracker
 from vgpud.core.tdma import (
     Action,
     CapChanged,
@@ -54,13 +55,12 @@ from vgpud.core.tdma import (
 )
 from vgpud.core.tenants import Priority, Tenant
 from vgpud.kernel.uapi import Sched, SchedState
+from vgpud.policy.sched import SchedPolicy, TenantPolicy
 from vgpud.sched.activity import Activity, ActivitySource, choose_source
-from vgpud.sched.groups import Group, GroupTracker
-from vgpud.sched.policy import SchedPolicy, TenantPolicy
 
 if TYPE_CHECKING:
+    from vgpud.admin.manager import Manager
     from vgpud.core.ledger import Denied
-    from vgpud.manager import Manager
     from vgpud.sched.actuator import Actuator
 
 __all__ = ["SchedStats", "SchedulerService", "ShareListener", "build", "target_shares"]

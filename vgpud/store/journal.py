@@ -7,7 +7,7 @@ adapter appends each one as a line, with one write(), to a file in a runtime
 directory (``daemon.charges_path``, default /run/vgpud/charges: a tmpfs, which
 survives the daemon but not a reboot, as the contexts it describes do). There
 is no fsync: what a killed process has written is already in the page cache.
-The scheduler's GroupTracker (vgpud.sched.groups) is followed the same way,
+The scheduler's GroupTracker (vgpud.core.groups) is followed the same way,
 in the same file: this journal is one of its sinks, and each group created,
 gone, paused or resumed is a line. When the appended lines outnumber both a
 floor and GROWTH times the live state (the ledger's and the groups'), the
@@ -53,6 +53,7 @@ from itertools import chain
 from pathlib import Path
 from typing import NamedTuple
 
+from vgpud.core.groups import Group, GroupTracker, group_id
 from vgpud.core.ledger import (
     Change,
     Charged,
@@ -66,7 +67,6 @@ from vgpud.core.ledger import (
     Tracked,
 )
 from vgpud.core.tenants import validate_name
-from vgpud.sched.groups import Group, GroupTracker, group_id
 
 __all__ = [
     "ChargeJournal",

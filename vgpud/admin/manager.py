@@ -20,10 +20,10 @@ from typing import Protocol
 
 from pydantic import ValidationError
 
-from vgpud.config import Config, ConfigError, describe, load_config
 from vgpud.core.ledger import Denied, Freed, Ledger, UnknownTenant, Usage
 from vgpud.core.tenants import Tenant, validate_name
-from vgpud.state import CHANGEABLE, RuntimeState, save_state
+from vgpud.store.config import Config, ConfigError, describe, load_config
+from vgpud.store.state import CHANGEABLE, RuntimeState, save_state
 
 __all__ = [
     "AdminError",

@@ -30,6 +30,7 @@ import errno
 from dataclasses import dataclass
 from typing import Protocol
 
+from vgpud.core.groups import Group, GroupTracker
 from vgpud.core.ledger import Key
 from vgpud.kernel.codec import CloseEvent, Event, PostEvent, Upcall
 from vgpud.kernel.uapi import (
@@ -43,9 +44,8 @@ from vgpud.kernel.uapi import (
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Ctrl, Escape, NvClass, NvStatus
 from vgpud.nvidia.layouts import DecodeError, RmAlloc, RmControl, RmFree, decode_call
-from vgpud.nvidia.rules import rm_alloc_channel_groups, rm_control_cmds, rm_free
-from vgpud.policy import Policy, Request
-from vgpud.sched.groups import Group, GroupTracker
+from vgpud.policy.base import Policy, Request
+from vgpud.policy.rules import rm_alloc_channel_groups, rm_control_cmds, rm_free
 
 __all__ = ["SchedPolicy", "TenantPolicy"]
 

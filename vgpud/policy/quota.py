@@ -63,7 +63,7 @@ decision and the driver's read):
   (munmap is not visible to the module).
 
 A restarted daemon gets the ledger replayed from the charge journal
-(vgpud.journal): contexts, objects and charges of before, which this policy
+(vgpud.store.journal): contexts, objects and charges of before, which this policy
 takes over (``restored``); ``reconcile`` then closes those the module no
 longer lists. A context without a record (the journal was lost) is learned
 lazily, from the opener identity in the first upcall header seen for it: the
@@ -134,7 +134,7 @@ from vgpud.nvidia.layouts import (
     rewrite_fb_info_v2,
     rewrite_vid_heap_info,
 )
-from vgpud.nvidia.rules import (
+from vgpud.policy.rules import (
     rm_alloc_classes,
     rm_alloc_memory_classes,
     rm_control_cmds,
@@ -144,8 +144,8 @@ from vgpud.nvidia.rules import (
 )
 
 if TYPE_CHECKING:
-    from vgpud.manager import Manager
-    from vgpud.policy import Request
+    from vgpud.admin.manager import Manager
+    from vgpud.policy.base import Request
 
 __all__ = ["PAGE_SIZE", "CallerMemory", "QuotaPolicy"]
 
@@ -235,7 +235,7 @@ _Pending = _Charge | _Track | _Free | _Dup | _FbView | _HeapInfo
 
 
 class CallerMemory(Protocol):
-    """Access to a blocked caller's memory (vgpud.procmem.ProcessMemory)."""
+    """Access to a blocked caller's memory (vgpud.host.procmem.ProcessMemory)."""
 
     def read(self, pid: int, address: int, size: int) -> bytes: ...
 

@@ -1,0 +1,1 @@
+"""What the daemon keeps on disk: config, runtime state, the journal."""
