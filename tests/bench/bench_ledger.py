@@ -102,11 +102,13 @@ def main() -> None:
     ledger = Ledger()
     journal = None
     if args.journal is not None:
-        from vgpud.store.journal import ChargeJournal, Identity  # (pydantic: not in the core's RSS)
+        from vgpud.store.journal import ChargeAndGroupJournal, Identity  # (not in the core's RSS)
 
         args.journal.mkdir(parents=True, exist_ok=True)
-        journal = ChargeJournal(args.journal / "charges", Identity("bench", "bench"), ledger)
+        journal = ChargeAndGroupJournal(args.journal / "charges", Identity("bench", "bench"),
+                                        ledger)
         assert journal.start()
+        ledger.observers.subscribe(journal)
     devices, live = setup(ledger, random.Random(1))
     result = run(ledger, devices, live, args.ops)
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

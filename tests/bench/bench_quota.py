@@ -36,15 +36,15 @@ from fakekernel import FAMILY, post_event_msg, upcall_msg
 
 from vgpud.admin.manager import Manager
 from vgpud.core.ledger import Ledger
-from vgpud.daemon import Dispatcher
 from vgpud.kernel import codec
 from vgpud.kernel.codec import Upcall
 from vgpud.kernel.uapi import UpcallKind, VerdictAction
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Ctrl, Escape, NvClass, NvStatus
+from vgpud.policy.dispatch import Dispatcher
 from vgpud.policy.quota import QuotaPolicy
 from vgpud.store.config import parse_config
-from vgpud.store.journal import ChargeJournal, Identity
+from vgpud.store.journal import ChargeAndGroupJournal, Identity
 from vgpud.store.state import RuntimeState
 
 TENANTS = 64
@@ -226,8 +226,10 @@ def main() -> None:
     journal = None
     if args.journal is not None:
         args.journal.mkdir(parents=True, exist_ok=True)
-        journal = ChargeJournal(args.journal / "charges", Identity("bench", "bench"), ledger)
+        journal = ChargeAndGroupJournal(args.journal / "charges", Identity("bench", "bench"),
+                                        ledger)
         assert journal.start()
+        ledger.observers.subscribe(journal)
     dispatcher = Dispatcher(QuotaPolicy(manager, ledger))
     kernel = Kernel(seed=1)
     verdicts: list[VerdictAction] = []

@@ -162,8 +162,12 @@ class ServiceThread:
         try:
             service = AdminService(self.manager, bus, self.scheduler)
             await service.start()
+            self.manager.observers.subscribe(service)  # as vgpud.app does
+            if self.scheduler is not None:
+                self.scheduler.observers.subscribe(service)
             self._started.set_result(None)
             await self._stop.wait()
+            self.manager.observers.unsubscribe(service)
             service.close()
         finally:
             bus.disconnect()

@@ -7,12 +7,12 @@ import errno
 import pytest
 from fakekernel import FAMILY, genl, upcall_msg
 
-from vgpud.daemon import Dispatcher
 from vgpud.kernel import codec, uapi
 from vgpud.kernel.uapi import ALLOW, Cmd, Filter, Node, UpcallKind, Verdict, VerdictAction
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Escape, NvStatus
 from vgpud.policy.base import Request
+from vgpud.policy.dispatch import Dispatcher
 from vgpud.policy.rules import rm_alloc_classes
 from vgpud.policy.simple import AllowAll, DenyClasses, parse_policy
 

@@ -407,6 +407,7 @@ def decode_datagram(buf: bytes, family_id: int) -> list[Message | DecodeError]:
         if length < 16 or end > size:
             out.append(DecodeError(f"nlmsg_len {length} at {off} of {size}"))
             break
+        msg: Message | DecodeError | None
         try:
             if nl_type == family_id:
                 msg = _decode_genl(buf, off, end, seq)
