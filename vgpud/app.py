@@ -42,11 +42,11 @@ from vgpud.policy.sched import SchedPolicy
 from vgpud.sched.activity import choose_source
 from vgpud.sched.actuator import ModuleActuator
 from vgpud.sched.service import SchedulerService
-from vgpud.store.config import ConfigError, load_config
+from vgpud.store.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
 from vgpud.store.journal import ChargeAndGroupJournal
 from vgpud.store.state import StateError, load_state
 
-__all__ = ["AdminUnavailable", "App", "StartupError", "build_quota"]
+__all__ = ["App", "StartupError", "build_quota"]
 
 log = logging.getLogger("vgpud")
 
@@ -55,10 +55,6 @@ E = TypeVar("E")
 
 class StartupError(Exception):
     """Config, state or inventory that the daemon cannot start with (EX_CONFIG)."""
-
-
-class AdminUnavailable(Exception):
-    """The admin API could not start and was required."""
 
 
 class Subscriptions:
@@ -84,11 +80,12 @@ class Subscriptions:
         self._made = []
 
 
-def build_quota(config_path: Path, dbus: str = "try",
+def build_quota(config_path: Path | None = None, dbus: str = "try",
                 inventory: Callable[[], list[GpuInfo]] = discover,
                 ) -> tuple[SchedPolicy, App]:
     """The quota daemon's policy and the App around it (see the module doc);
     StartupError on a bad config or state file."""
+    config_path = config_path or DEFAULT_CONFIG_PATH
     try:
         config = load_config(config_path)
         state = load_state(config.daemon.state_path)
@@ -138,11 +135,12 @@ class App:
         self.service: AdminService | None = None
         self._bus: MessageBus | None = None
 
-    async def start(self) -> None:
-        """Serve the admin API (org.vgpud1) on the system bus."""
+    async def start(self) -> bool:
+        """Serve the admin API (org.vgpud1) on the system bus; False (logged)
+        when it cannot and is required."""
         if self.dbus == "off":
             log.info("admin API off (--no-dbus)")
-            return
+            return True
         bus = None
         try:
             bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
@@ -153,13 +151,15 @@ class App:
                 bus.disconnect()
             text = f"admin API {BUS_NAME} not available on the system bus: {exc}"
             if self.dbus == "require":
-                raise AdminUnavailable(text) from exc
+                log.error("%s", text)
+                return False
             log.warning("%s; running without it", text)
-            return
+            return True
         self._bus, self.service = bus, service
         self.subscriptions.add(self.manager.observers, service)
         self.subscriptions.add(self.scheduler.observers, service)
         log.info("admin API %s on the system bus", BUS_NAME)
+        return True
 
     async def attach(self, channel: GenlChannel) -> None:
         """Registered: drop the restored charges and groups of contexts closed
