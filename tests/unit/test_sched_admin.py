@@ -25,7 +25,7 @@ from vgpud import cli
 from vgpud.admin.client import AdminClient
 from vgpud.admin.dbus import tenant_path
 from vgpud.core.observers import Topic
-from vgpud.sched.service import SharesChanged
+from vgpud.core.shares import SharesChanged
 
 
 class FakeScheduler:

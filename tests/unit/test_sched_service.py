@@ -14,11 +14,11 @@ import pytest
 from vgpud.admin.manager import Manager
 from vgpud.core.groups import Group, GroupTracker
 from vgpud.core.ledger import Ledger
-from vgpud.core.shares import target_shares
+from vgpud.core.shares import SharesChanged, target_shares
 from vgpud.kernel.uapi import Sched, SchedResult, SchedState
 from vgpud.sched.activity import Activity
 from vgpud.sched.actuator import ActuatorStats, ModuleActuator
-from vgpud.sched.service import SchedulerService, SharesChanged
+from vgpud.sched.service import SchedulerService
 from vgpud.store.config import parse_config
 from vgpud.store.state import RuntimeState
 

@@ -51,7 +51,7 @@ from vgpud.admin.manager import (
     TenantsChanged,
 )
 from vgpud.core.ledger import Denied
-from vgpud.sched.service import SharesChanged
+from vgpud.core.shares import SharesChanged
 
 __all__ = ["BUS_NAME", "MANAGER_PATH", "AdminService", "introspection_xml", "tenant_path"]
 

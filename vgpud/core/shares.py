@@ -1,10 +1,19 @@
-"""The share of GPU time each runnable tenant is entitled to (pure)."""
+"""The share of GPU time each runnable tenant is entitled to (pure), and the
+event that tells when the shares the scheduler publishes changed."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
-__all__ = ["target_shares"]
+__all__ = ["SharesChanged", "target_shares"]
+
+
+@dataclass(frozen=True, slots=True)
+class SharesChanged:
+    """The target or measured shares of these tenants changed."""
+
+    tenants: tuple[str, ...]
 
 
 def target_shares(tenants: Mapping[str, tuple[int, int | None]]) -> dict[str, float]:

@@ -52,7 +52,7 @@ from vgpud.core.groups import (
     GroupTracker,
 )
 from vgpud.core.observers import Topic
-from vgpud.core.shares import target_shares
+from vgpud.core.shares import SharesChanged, target_shares
 from vgpud.core.tdma import (
     MIN_SLOT_US,
     Action,
@@ -76,7 +76,7 @@ from vgpud.kernel.uapi import Sched, SchedState
 from vgpud.sched.activity import Activity, ActivitySource
 from vgpud.sched.actuator import Actuator
 
-__all__ = ["SchedStats", "SchedulerService", "SharesChanged"]
+__all__ = ["SchedStats", "SchedulerService"]
 
 log = logging.getLogger(__name__)
 
@@ -91,13 +91,6 @@ class CallLater(Protocol):
 
     def __call__(self, delay: float, callback: Callable[[_Gpu], None], gpu: _Gpu, /
                  ) -> asyncio.TimerHandle: ...
-
-
-@dataclass(frozen=True, slots=True)
-class SharesChanged:
-    """Share or MeasuredShare of these tenants changed."""
-
-    tenants: tuple[str, ...]
 
 
 @dataclass(slots=True)
