@@ -228,9 +228,9 @@ def main(config_path: Path | None, policy_spec: str | None, filter_specs: tuple[
     policy: Policy
     try:
         if policy_spec == "quota":
-            # Here, not at the top: the quota daemon's parts (pydantic, dbus-fast) take
-            # about 1 s to import on a host and a minute in the TCG test VM, which the
-            # other policies need not wait for.
+            # Here, not at the top: the quota daemon's parts (pydantic, dbus-fast) add
+            # about 0.6 s of imports on a host and over a minute in the TCG test VM,
+            # which the other policies need not wait for.
             from vgpud.app import StartupError, build_quota
 
             dbus = "off" if no_dbus else "require" if require_dbus else "try"

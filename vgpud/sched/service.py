@@ -181,15 +181,15 @@ class SchedulerService:
 
     async def stop(self) -> None:
         """Stop deciding; turn every group on again; log the figures."""
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            runner.cancel()
-            await asyncio.wait([runner])
+        actuator, self._actuator = self._actuator, None  # no timer is armed from here
         for gpu in self._gpus.values():
             if gpu.timer is not None:
                 gpu.timer.cancel()
                 gpu.timer = None
-        actuator, self._actuator = self._actuator, None
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            runner.cancel()
+            await asyncio.wait([runner])
         if self.activity is not None:
             self.activity.close()
         if actuator is None:
