@@ -24,6 +24,7 @@ test-vm: modules
 
 lint:
 	.venv/bin/ruff check .
+	.venv/bin/mypy
 	$(MAKE) -C kmod checkpatch
 
 bench: modules

@@ -1,3 +1,13 @@
-"""vgpud: node-local GPU sharing daemon (kernel upcall path, policy, admin)."""
+"""vgpud: node-local GPU sharing daemon (kernel upcall path, policy, admin).
+
+The data path, in the order a call takes it: ``kernel`` (our module's
+protocol: uapi mirror, codec, netlink channel) -> ``policy`` (upcall to
+verdict: the Dispatcher and the policies, sans-I/O, reading NVIDIA's ABI
+from ``nvidia``) -> ``core`` (pure decisions: tenants, memory ledger, TDMA
+scheduler, channel groups). Around it: ``sched`` (the asyncio side of
+TDMA), ``admin`` (the Manager and its D-Bus API), ``store`` (config, state,
+journal), ``host`` (OS glue). ``app`` makes and wires them all; ``daemon``
+runs the process; ``cli`` is vgpuctl.
+"""
 
 __version__ = "0.1.0"

@@ -20,13 +20,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
 from fakekernel import FAMILY, upcall_msg
 
-from vgpud.daemon import Dispatcher
 from vgpud.kernel import codec
 from vgpud.kernel.channel import GenlChannel
 from vgpud.kernel.uapi import ALLOW
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Escape, NvClass
-from vgpud.policy import AllowAll, DenyClasses
+from vgpud.policy.dispatch import Dispatcher
+from vgpud.policy.simple import AllowAll, DenyClasses
 
 
 def measure(fn: Callable[[], object], n: int) -> float:

@@ -45,9 +45,11 @@ def serve(fd: int, config: Path) -> None:
     """The daemon process: vgpud's own startup, on an inherited socket."""
     import uvloop
 
-    from vgpud.daemon import Daemon, Dispatcher, build_quota
-    from vgpud.inventory import GpuInfo
+    from vgpud.app import build_quota
+    from vgpud.daemon import Daemon
+    from vgpud.host.inventory import GpuInfo
     from vgpud.kernel.channel import GenlChannel, UpcallHandler
+    from vgpud.policy.dispatch import Dispatcher
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     policy, admin = build_quota(config, "require", lambda: [
@@ -59,7 +61,7 @@ def serve(fd: int, config: Path) -> None:
         channel.start()
         return channel
 
-    daemon = Daemon(Dispatcher(policy), policy.filter(), open_channel=open_channel, admin=admin)
+    daemon = Daemon(Dispatcher(policy), policy.filter(), open_channel=open_channel, app=admin)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         sys.exit(runner.run(daemon.serve()))
 

@@ -5,7 +5,7 @@ allocations; then a steady mix runs on one core: reserve + commit of a new
 allocation, free of an old one, some dups (and frees of them), some failed
 allocations (release), and denials from tenants at their limit. Every ledger
 call counts as one decision. With --journal DIR the ledger's durable changes
-are appended to a charge journal there (vgpud.journal; use a tmpfs), as the
+are appended to a charge journal there (vgpud.store.journal; use a tmpfs), as the
 daemon does.
 
     .venv/bin/python tests/bench/bench_ledger.py [--ops N] [--journal /dev/shm/x]
@@ -102,11 +102,13 @@ def main() -> None:
     ledger = Ledger()
     journal = None
     if args.journal is not None:
-        from vgpud.journal import ChargeJournal, Identity  # (pydantic: not in the core's RSS)
+        from vgpud.store.journal import ChargeAndGroupJournal, Identity  # (not in the core's RSS)
 
         args.journal.mkdir(parents=True, exist_ok=True)
-        journal = ChargeJournal(args.journal / "charges", Identity("bench", "bench"), ledger)
+        journal = ChargeAndGroupJournal(args.journal / "charges", Identity("bench", "bench"),
+                                        ledger)
         assert journal.start()
+        ledger.observers.subscribe(journal)
     devices, live = setup(ledger, random.Random(1))
     result = run(ledger, devices, live, args.ops)
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

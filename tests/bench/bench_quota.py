@@ -13,7 +13,7 @@ sits at its limit, so its allocations are refused (FAIL_STATUS 0x51).
 
 A decision is one upcall decoded, decided and its verdict encoded; the time
 also covers the POST events that complete the calls. With --journal DIR the
-ledger's changes are journaled there too (vgpud.journal; use a tmpfs).
+ledger's changes are journaled there too (vgpud.store.journal; use a tmpfs).
 
     .venv/bin/python tests/bench/bench_quota.py [--ops N] [--journal /dev/shm/x]
 
@@ -34,18 +34,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
 from fakekernel import FAMILY, post_event_msg, upcall_msg
 
-from vgpud.config import parse_config
+from vgpud.admin.manager import Manager
 from vgpud.core.ledger import Ledger
-from vgpud.daemon import Dispatcher
-from vgpud.journal import ChargeJournal, Identity
 from vgpud.kernel import codec
 from vgpud.kernel.codec import Upcall
 from vgpud.kernel.uapi import UpcallKind, VerdictAction
-from vgpud.manager import Manager
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Ctrl, Escape, NvClass, NvStatus
-from vgpud.quota import QuotaPolicy
-from vgpud.state import RuntimeState
+from vgpud.policy.dispatch import Dispatcher
+from vgpud.policy.quota import QuotaPolicy
+from vgpud.store.config import parse_config
+from vgpud.store.journal import ChargeAndGroupJournal, Identity
+from vgpud.store.state import RuntimeState
 
 TENANTS = 64
 GPUS = 8
@@ -226,8 +226,10 @@ def main() -> None:
     journal = None
     if args.journal is not None:
         args.journal.mkdir(parents=True, exist_ok=True)
-        journal = ChargeJournal(args.journal / "charges", Identity("bench", "bench"), ledger)
+        journal = ChargeAndGroupJournal(args.journal / "charges", Identity("bench", "bench"),
+                                        ledger)
         assert journal.start()
+        ledger.observers.subscribe(journal)
     dispatcher = Dispatcher(QuotaPolicy(manager, ledger))
     kernel = Kernel(seed=1)
     verdicts: list[VerdictAction] = []

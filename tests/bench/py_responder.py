@@ -14,7 +14,7 @@ import sys
 
 from vgpud.kernel import uapi
 from vgpud.kernel.channel import GenlChannel
-from vgpud.nvidia.rules import parse_filter_spec
+from vgpud.policy.rules import parse_filter_spec
 
 NLMSG = struct.Struct("=IHHII")
 VERDICT = struct.Struct("=IHHIIBBHHHQIIIIII")  # nlmsghdr, genlhdr, nla, vgpu_verdict

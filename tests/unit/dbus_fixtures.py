@@ -26,10 +26,10 @@ from dbus_fast import BusType
 from dbus_fast.aio import MessageBus
 
 from vgpud.admin.dbus import AdminService
-from vgpud.config import load_config
+from vgpud.admin.manager import Manager
 from vgpud.core.ledger import Ledger
-from vgpud.manager import Manager
-from vgpud.state import load_state
+from vgpud.store.config import load_config
+from vgpud.store.state import load_state
 
 T = TypeVar("T")
 
@@ -162,8 +162,12 @@ class ServiceThread:
         try:
             service = AdminService(self.manager, bus, self.scheduler)
             await service.start()
+            self.manager.observers.subscribe(service)  # as vgpud.app does
+            if self.scheduler is not None:
+                self.scheduler.observers.subscribe(service)
             self._started.set_result(None)
             await self._stop.wait()
+            self.manager.observers.unsubscribe(service)
             service.close()
         finally:
             bus.disconnect()

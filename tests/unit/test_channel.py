@@ -18,11 +18,11 @@ from fakekernel import (
     upcall_msg,
 )
 
-from vgpud.daemon import Dispatcher
 from vgpud.kernel import channel as ch
 from vgpud.kernel.uapi import Cmd, Filter, VerdictAction
 from vgpud.nvidia import layouts as L
-from vgpud.policy import DenyClasses
+from vgpud.policy.dispatch import Dispatcher
+from vgpud.policy.simple import DenyClasses
 
 ALLOC21 = L.NVOS21.struct.pack(1, 2, 3, 0x40, 0, 0, 0)
 

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from vgpud.kernel import codec, uapi
 from vgpud.kernel.codec import CloseEvent, DecodeError, NlAck, PostEvent, Reply, Upcall
 from vgpud.kernel.uapi import Attr, Cmd, Filter, Node, UpcallKind, Verdict, VerdictAction
-from vgpud.nvidia.rules import rm_alloc_classes, rm_control_cmds
+from vgpud.policy.rules import rm_alloc_classes, rm_control_cmds
 
 NVOS21 = struct.pack("=IIIIQII", 1, 2, 3, 0x40, 0x7F0000, 128, 0)
 UPCALL_ATTR = attr(Attr.UPCALL, upcall_struct(id=5))

@@ -6,21 +6,19 @@ from pathlib import Path
 
 import pytest
 
-from vgpud.config import (
+from vgpud.core.tenants import MatchRule, MemoryLimit, Priority, UvmPolicy
+from vgpud.store.config import (
     DEFAULT_STATE_PATH,
     ConfigError,
     DaemonSettings,
     load_config,
     parse_config,
 )
-from vgpud.core.tenants import MatchRule, MemoryLimit, Priority, UvmPolicy
 
 FULL = """
 [daemon]
 default_tenant = "shared"
 admin_group = "gpu-admins"
-fail_open = true
-upcall_timeout_ms = 500
 frame_ms = 50
 state_path = "/tmp/vgpud-state.json"
 
@@ -56,8 +54,7 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_full_file(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, FULL))
     d = config.daemon
-    assert (d.default_tenant, d.admin_group, d.fail_open) == ("shared", "gpu-admins", True)
-    assert (d.upcall_timeout_ms, d.frame_ms) == (500, 50)
+    assert (d.default_tenant, d.admin_group, d.frame_ms) == ("shared", "gpu-admins", 50)
     assert d.state_path == Path("/tmp/vgpud-state.json")
     alice, shared, batch = config.tenants
     assert alice.name == "alice"
@@ -75,7 +72,6 @@ def test_empty_file_gives_defaults(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, ""))
     assert config.tenants == ()
     assert config.daemon == DaemonSettings()
-    assert config.daemon.fail_open is False
     assert config.daemon.default_tenant is None
     assert config.daemon.state_path == DEFAULT_STATE_PATH
 
@@ -103,7 +99,10 @@ TENANT_A = '[[tenant]]\nname = "a"\n'
         (TENANT_A + "cap = 101", "tenant[0].cap", "less than or equal to 100"),
         (TENANT_A + 'uvm = "maybe"', "tenant[0].uvm", "'deny', 'count' or 'allow'"),
         (TENANT_A + 'priority = "high"', "tenant[0].priority", "best-effort"),
-        ("[daemon]\nfail_open = 1", "daemon.fail_open", "valid boolean"),
+        ("[daemon]\nfail_open = true", "daemon.fail_open",
+         "the vgpu module's parameter fail_open decides"),
+        ("[daemon]\nupcall_timeout_ms = 500", "daemon.upcall_timeout_ms",
+         "/sys/module/vgpu/parameters/upcall_timeout_ms"),
         ("[daemon]\nframe_ms = 0", "daemon.frame_ms", "greater than or equal to 1"),
         ("[daemon]\nverbose = true", "daemon.verbose", "unknown key"),
         ("[daemon]\ndefault_tenant = \"zz\"", "daemon.default_tenant", "no tenant named 'zz'"),

@@ -19,12 +19,14 @@ from click.testing import CliRunner
 from fakekernel import FAMILY, FakeKernel, upcall_msg
 
 from vgpud import daemon
-from vgpud.daemon import Daemon, Dispatcher, Notifier, watchdog_interval
+from vgpud.daemon import Daemon
+from vgpud.host.systemd import Notifier, watchdog_interval
 from vgpud.kernel import uapi
 from vgpud.kernel.channel import GenlChannel
 from vgpud.kernel.uapi import Cmd, VerdictAction
 from vgpud.nvidia import layouts as L
-from vgpud.policy import DenyClasses
+from vgpud.policy.dispatch import Dispatcher
+from vgpud.policy.simple import DenyClasses
 
 ALLOC21 = L.NVOS21.struct.pack(1, 2, 3, 0x40, 0, 0, 0)
 
@@ -154,10 +156,10 @@ def test_notifier_abstract_address_and_absence() -> None:
     name = f"vgpud-test-{os.getpid()}"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind("\0" + name)
-        Notifier("@" + name).notify("READY=1")
+        Notifier("@" + name).send("READY=1")
         assert sock.recv(64) == b"READY=1"
-    Notifier(None).notify("READY=1")  # no NOTIFY_SOCKET: nothing happens
-    Notifier("/nonexistent/socket").notify("READY=1")  # logged, not raised
+    Notifier(None).send("READY=1")  # no NOTIFY_SOCKET: nothing happens
+    Notifier("/nonexistent/socket").send("READY=1")  # logged, not raised
 
 
 def test_entry_point_without_the_module(tmp_path: Path) -> None:

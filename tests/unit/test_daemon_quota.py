@@ -20,11 +20,14 @@ from test_daemon import World as _World
 
 from vgpud import daemon
 from vgpud.admin.dbus import BUS_NAME
-from vgpud.daemon import Daemon, Dispatcher, Notifier, build_quota
-from vgpud.inventory import GpuInfo
+from vgpud.app import build_quota
+from vgpud.daemon import Daemon
+from vgpud.host.inventory import GpuInfo
+from vgpud.host.systemd import Notifier
 from vgpud.kernel import codec
 from vgpud.kernel.uapi import FILTER_OPEN, FILTER_UVM_MMAP, Cmd, UpcallKind, VerdictAction
 from vgpud.nvidia import layouts as L
+from vgpud.policy.dispatch import Dispatcher
 
 GIB, MIB = 2**30, 2**20
 CONFIG = """\
@@ -66,7 +69,7 @@ class World(_World):
     def daemon(self) -> Daemon:
         return Daemon(Dispatcher(self.policy), self.policy.filter(),
                       open_channel=self.open_channel, notifier=Notifier(self.notify_path),
-                      admin=self.admin)
+                      app=self.admin)
 
 
 def run(coro):

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vgpud.inventory import GpuInfo, discover, from_nvml, from_nvsim
+from vgpud.host.inventory import GpuInfo, discover, from_nvml, from_nvsim
 
 
 def sysfs(tmp: Path, **params: str) -> Path:

@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
 from test_ledger import ACCOUNTS, LedgerMachine, ModelNode
 
-from vgpud import journal as J
 from vgpud.core.ledger import (
     Change,
     Charged,
@@ -33,7 +32,8 @@ from vgpud.core.ledger import (
     Reservation,
     Tracked,
 )
-from vgpud.journal import ChargeJournal, Identity
+from vgpud.store import journal as J
+from vgpud.store.journal import ChargeAndGroupJournal, Identity
 
 MiB = 2**20
 ID = Identity("5f6a1c1e-0000-4000-8000-000000000001", "4242")
@@ -200,23 +200,28 @@ def test_current_identity(tmp_path: Path) -> None:
 # --- resume, append, compaction ---
 
 
+def follow(journal: ChargeAndGroupJournal | None, ledger: Ledger) -> ChargeAndGroupJournal:
+    """Subscribe the journal to the ledger, as vgpud.app does."""
+    assert journal is not None
+    ledger.observers.subscribe(journal)
+    return journal
+
+
 def test_resume_rebuilds_the_ledger(tmp_path: Path) -> None:
     path = tmp_path / "run" / "charges"
     live = fresh()
-    journal = ChargeJournal.resume(path, live, ID)
-    assert journal is not None
+    journal = follow(ChargeAndGroupJournal.resume(path, live, ID), live)
     populate(live)
     journal.close()
     again = fresh()
-    second = ChargeJournal.resume(path, again, ID)
-    assert second is not None
+    second = follow(ChargeAndGroupJournal.resume(path, again, ID), again)
     assert durable(again) == durable(live)
     assert again.usage("a", 0).charged == 5 * MiB
     # the second journal started from the replayed state: a third daemon sees it too
     again.close(2)
     second.close()
     third = fresh()
-    ChargeJournal.resume(path, third, ID).close()  # type: ignore[union-attr]
+    ChargeAndGroupJournal.resume(path, third, ID).close()  # type: ignore[union-attr]
     assert durable(third) == durable(again)
     assert oct(path.stat().st_mode & 0o777) == "0o600"
 
@@ -225,12 +230,12 @@ def test_changes_that_no_longer_fit_are_skipped(tmp_path: Path,
                                                 caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "charges"
     live = fresh()
-    first = ChargeJournal.resume(path, live, ID)
+    first = follow(ChargeAndGroupJournal.resume(path, live, ID), live)
     populate(live)
-    first.close()  # type: ignore[union-attr]
+    first.close()
     smaller = Ledger()
     smaller.set_limit("a", 0, MiB)  # tenant b is gone from the config
-    journal = ChargeJournal.resume(path, smaller, ID)
+    journal = ChargeAndGroupJournal.resume(path, smaller, ID)
     assert journal is not None
     assert smaller.contexts() == {1: "a"}
     assert smaller.usage("a", 0).charged == 5 * MiB
@@ -242,8 +247,9 @@ def test_changes_that_no_longer_fit_are_skipped(tmp_path: Path,
 def test_compaction_bounds_the_file(tmp_path: Path) -> None:
     path = tmp_path / "charges"
     ledger = fresh(limit=2**40)
-    journal = ChargeJournal(path, ID, ledger, floor=16)
+    journal = ChargeAndGroupJournal(path, ID, ledger, floor=16)
     assert journal.start()
+    follow(journal, ledger)
     ledger.open(1, "a")
     ledger.track(1, CLIENT)
     for n in range(500):
@@ -259,14 +265,17 @@ def test_compaction_bounds_the_file(tmp_path: Path) -> None:
     J.replay(copy, J.load(path, ID))
     assert durable(copy) == durable(ledger)
     journal.close()
-    assert ledger.on_change is None
+    size = path.stat().st_size
+    ledger.open(2, "a")  # heard, but closed: nothing written
+    assert path.stat().st_size == size
     assert not (tmp_path / ".charges.tmp").exists()
 
 
 def test_one_write_per_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ledger = fresh()
-    journal = ChargeJournal(tmp_path / "charges", ID, ledger)
+    journal = ChargeAndGroupJournal(tmp_path / "charges", ID, ledger)
     journal.start()
+    follow(journal, ledger)
     writes: list[bytes] = []
     real_write = os.write
 
@@ -293,8 +302,9 @@ def test_a_failed_write_is_healed_by_a_compaction(tmp_path: Path,
                                                   caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "charges"
     ledger = fresh()
-    journal = ChargeJournal(path, ID, ledger)
+    journal = ChargeAndGroupJournal(path, ID, ledger)
     journal.start()
+    follow(journal, ledger)
     real_write = os.write
     failures = iter([OSError(28, "No space left on device")])
 
@@ -321,13 +331,12 @@ def test_unwritable_directory_means_no_journal(tmp_path: Path,
                                                caplog: pytest.LogCaptureFixture) -> None:
     (tmp_path / "file").write_text("")
     ledger = fresh()
-    assert ChargeJournal.resume(tmp_path / "file" / "charges", ledger, ID) is None
-    assert ledger.on_change is None
+    assert ChargeAndGroupJournal.resume(tmp_path / "file" / "charges", ledger, ID) is None
     assert "will not survive a restart" in caplog.text
     os.chmod(tmp_path, 0o500)
     try:
         if os.geteuid() != 0:  # root writes anyway
-            assert ChargeJournal.resume(tmp_path / "charges", ledger, ID) is None
+            assert ChargeAndGroupJournal.resume(tmp_path / "charges", ledger, ID) is None
     finally:
         os.chmod(tmp_path, 0o700)
 
@@ -336,24 +345,25 @@ def test_second_daemon_leaves_the_journal_alone(tmp_path: Path,
                                                 caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "charges"
     first = fresh()
-    journal = ChargeJournal.resume(path, first, ID)
+    journal = follow(ChargeAndGroupJournal.resume(path, first, ID), first)
     populate(first)
     before = path.read_bytes()
-    assert ChargeJournal.resume(path, fresh(), ID) is None
+    assert ChargeAndGroupJournal.resume(path, fresh(), ID) is None
     assert "held by another vgpud" in caplog.text
     assert path.read_bytes() == before
-    journal.close()  # type: ignore[union-attr]
-    assert ChargeJournal.resume(path, fresh(), ID) is not None
+    journal.close()
+    assert ChargeAndGroupJournal.resume(path, fresh(), ID) is not None
 
 
 WRITER = textwrap.dedent("""
     import sys
     from pathlib import Path
     from vgpud.core.ledger import Key, Ledger
-    from vgpud.journal import ChargeJournal, Identity
+    from vgpud.store.journal import ChargeAndGroupJournal, Identity
     ledger = Ledger()
     ledger.set_limit("a", 0, 1 << 40)
-    ChargeJournal.resume(Path(sys.argv[1]), ledger, Identity("b", "m"))
+    ledger.observers.subscribe(ChargeAndGroupJournal.resume(Path(sys.argv[1]), ledger,
+                                                           Identity("b", "m")))
     ledger.open(1, "a")
     ledger.track(1, Key(1, 1))
     for n in range(int(sys.argv[2])):
@@ -374,7 +384,8 @@ def test_nothing_written_is_lost_to_sigkill(tmp_path: Path) -> None:
         proc.wait()
     ledger = Ledger()
     ledger.set_limit("a", 0, 1 << 40)
-    journal = ChargeJournal.resume(path, ledger, Identity("b", "m"))  # its lock died with it
+    # its lock died with it
+    journal = ChargeAndGroupJournal.resume(path, ledger, Identity("b", "m"))
     assert journal is not None
     assert ledger.usage("a", 0).charged == 1000 * 4096
     journal.close()
@@ -391,8 +402,9 @@ class JournaledLedgerMachine(LedgerMachine):
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="vgpud-journal-")
         self.path = Path(self.dir) / "charges"
-        self.journal = ChargeJournal(self.path, ID, self.ledger, floor=8)
+        self.journal = ChargeAndGroupJournal(self.path, ID, self.ledger, floor=8)
         assert self.journal.start()
+        follow(self.journal, self.ledger)
 
     @precondition(lambda self: self.model.contexts)
     @rule(data=st.data(), gpu=st.sampled_from((0, 1, 7)))

@@ -23,15 +23,28 @@ from test_journal import ID, MACHINE_SETTINGS, fresh, journal_file
 from test_sched_service import CONFIG as SCHED_CONFIG
 from test_sched_service import Clock, Recorder, Timers, settle
 
-from vgpud import journal as J
-from vgpud.config import parse_config
+from vgpud.admin.manager import Manager
+from vgpud.core.groups import (
+    Group,
+    GroupEvent,
+    GroupForgotten,
+    GroupLearned,
+    GroupPauseChanged,
+    GroupTracker,
+)
 from vgpud.core.ledger import Closed, Ledger, Opened
-from vgpud.journal import ChargeJournal, GroupAdded, GroupPaused, GroupRemoved, Identity
 from vgpud.kernel.uapi import Sched, SchedState
-from vgpud.manager import Manager
-from vgpud.sched.groups import Group, GroupTracker
 from vgpud.sched.service import SchedulerService
-from vgpud.state import RuntimeState
+from vgpud.store import journal as J
+from vgpud.store.config import parse_config
+from vgpud.store.journal import (
+    ChargeAndGroupJournal,
+    GroupAdded,
+    GroupPaused,
+    GroupRemoved,
+    Identity,
+)
+from vgpud.store.state import RuntimeState
 
 GIB = 2**30
 G1 = Group(1, "a", 0, 0xC1D00001, 0x5C000001, 0xBEEF0080, 4242)
@@ -185,11 +198,20 @@ def test_the_header_is_version_2(tmp_path: Path) -> None:
 # --- resume, append, compaction ---
 
 
+def follow(journal: ChargeAndGroupJournal | None, ledger: Ledger,
+           tracker: GroupTracker) -> ChargeAndGroupJournal:
+    """Subscribe the journal to the ledger and the tracker, as vgpud.app does."""
+    assert journal is not None
+    ledger.observers.subscribe(journal)
+    tracker.observers.subscribe(journal)
+    return journal
+
+
 def test_resume_restores_groups_and_their_paused_state(tmp_path: Path) -> None:
     path = tmp_path / "run" / "charges"
     ledger, tracker = fresh(), GroupTracker()
-    journal = ChargeJournal.resume(path, ledger, ID, groups=tracker)
-    assert journal is not None and tracker.sinks == [journal]
+    journal = follow(ChargeAndGroupJournal.resume(path, ledger, ID, groups=tracker), ledger,
+                     tracker)
     ledger.open(1, "a")
     ledger.open(2, "b")
     for group in (G1, G2, G3):
@@ -198,30 +220,30 @@ def test_resume_restores_groups_and_their_paused_state(tmp_path: Path) -> None:
     tracker.set_paused(G3, True)
     tracker.set_paused(G3, False)
     journal.close()
-    assert tracker.sinks == []
 
     ledger2, tracker2 = fresh(), GroupTracker()
-    second = ChargeJournal.resume(path, ledger2, ID, groups=tracker2)
-    assert second is not None
+    second = follow(ChargeAndGroupJournal.resume(path, ledger2, ID, groups=tracker2), ledger2,
+                    tracker2)
     assert state(tracker2) == state(tracker)
     # the second journal started from the restored state; it follows the tracker
     ledger2.close(2)
     tracker2.closed(2)
     second.close()
     ledger3, tracker3 = fresh(), GroupTracker()
-    ChargeJournal.resume(path, ledger3, ID, groups=tracker3).close()  # type: ignore[union-attr]
+    ChargeAndGroupJournal.resume(path, ledger3, ID, groups=tracker3).close()  # type: ignore[union-attr]
     assert state(tracker3) == ({G1.id: G1, G2.id: G2}, frozenset({G2.id}))
 
 
 def test_resume_without_a_tracker_restores_the_charges_only(tmp_path: Path) -> None:
     path = tmp_path / "charges"
     ledger, tracker = fresh(), GroupTracker()
-    first = ChargeJournal.resume(path, ledger, ID, groups=tracker)
+    first = follow(ChargeAndGroupJournal.resume(path, ledger, ID, groups=tracker), ledger,
+                   tracker)
     ledger.open(1, "a")
     tracker.add(G1)
-    first.close()  # type: ignore[union-attr]
+    first.close()
     again = fresh()
-    ChargeJournal.resume(path, again, ID).close()  # type: ignore[union-attr]
+    ChargeAndGroupJournal.resume(path, again, ID).close()  # type: ignore[union-attr]
     assert again.contexts() == {1: "a"}
     assert J.load(path, ID) == [Opened(1, "a")]  # compacted without the groups
 
@@ -232,19 +254,16 @@ def test_group_changes_are_one_write_each_and_come_first(
     ledger, tracker = fresh(), GroupTracker()
     heard: list[str] = []
 
-    class Sink:
-        def group_created(self, group: Group) -> None:
-            heard.append(f"created, {len(writes)} written")
+    class Observer:
+        def notify(self, event: GroupEvent) -> None:
+            kind = {GroupLearned: "created", GroupForgotten: "freed",
+                    GroupPauseChanged: "paused"}[type(event)]
+            heard.append(f"{kind}, {len(writes)} written")
 
-        def group_freed(self, group: Group) -> None:
-            heard.append(f"freed, {len(writes)} written")
-
-        def group_paused(self, group: Group, paused: bool) -> None:
-            heard.append(f"paused, {len(writes)} written")
-
-    tracker.sinks.append(Sink())  # there before the journal: the journal still goes first
-    journal = ChargeJournal(tmp_path / "charges", ID, ledger, groups=tracker)
+    journal = ChargeAndGroupJournal(tmp_path / "charges", ID, ledger, groups=tracker)
     assert journal.start()
+    follow(journal, ledger, tracker)  # first, as in vgpud.app: on file before it is acted on
+    tracker.observers.subscribe(Observer())
     writes: list[bytes] = []
     real_write = os.write
 
@@ -268,8 +287,9 @@ def test_group_changes_are_one_write_each_and_come_first(
 def test_compaction_writes_and_counts_the_groups(tmp_path: Path) -> None:
     path = tmp_path / "charges"
     ledger, tracker = fresh(), GroupTracker()
-    journal = ChargeJournal(path, ID, ledger, groups=tracker, floor=16)
+    journal = ChargeAndGroupJournal(path, ID, ledger, groups=tracker, floor=16)
     assert journal.start()
+    follow(journal, ledger, tracker)
     ledger.open(1, "a")
     for n in range(400):
         group = Group(1, "a", 0, 7, n, 3, 1)
@@ -391,8 +411,10 @@ class JournaledGroupsMachine(RuleBasedStateMachine):
         self.dir = tempfile.mkdtemp(prefix="vgpud-gjournal-")
         self.path = Path(self.dir) / "charges"
         self.ledger, self.tracker = fresh(), GroupTracker()
-        self.journal = ChargeJournal(self.path, ID, self.ledger, groups=self.tracker, floor=4)
+        self.journal = ChargeAndGroupJournal(self.path, ID, self.ledger, groups=self.tracker,
+                                             floor=4)
         assert self.journal.start()
+        follow(self.journal, self.ledger, self.tracker)
         self.next_ctx = 1
 
     @rule(tenant=st.sampled_from("ab"))

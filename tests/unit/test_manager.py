@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from dbus_fixtures import GIB, make_manager, write_config
 
-from vgpud.core.ledger import Denied, Key, Ledger, Reservation, UnknownTenant
-from vgpud.manager import (
+from vgpud.admin.manager import (
     BINDINGS,
     CONTEXTS,
     USAGE,
@@ -18,29 +16,34 @@ from vgpud.manager import (
     InvalidArgument,
     InvalidConfig,
     Manager,
+    ManagerEvent,
     NoSuchTenant,
+    QuotaExceeded,
+    SettingsChanged,
     TenantBusy,
+    TenantChanged,
+    TenantsChanged,
 )
-from vgpud.state import load_state
+from vgpud.core.ledger import Denied, Key, Ledger, Reservation, UnknownTenant
+from vgpud.store.state import load_state
 
 
 class Recorder:
-    """A Listener that records what it hears."""
+    """An observer of the Manager that records what it hears."""
 
     def __init__(self) -> None:
         self.events: list[tuple[Any, ...]] = []
 
-    def tenants_changed(self, added: Sequence[str], removed: Sequence[str]) -> None:
-        self.events.append(("tenants", list(added), list(removed)))
-
-    def tenant_changed(self, name: str, fields: frozenset[str]) -> None:
-        self.events.append(("tenant", name, fields))
-
-    def settings_changed(self) -> None:
-        self.events.append(("settings",))
-
-    def quota_exceeded(self, denied: Denied) -> None:
-        self.events.append(("quota", denied))
+    def notify(self, event: ManagerEvent) -> None:
+        match event:
+            case TenantsChanged(added, removed):
+                self.events.append(("tenants", list(added), list(removed)))
+            case TenantChanged(name, fields):
+                self.events.append(("tenant", name, fields))
+            case SettingsChanged():
+                self.events.append(("settings",))
+            case QuotaExceeded(denied):
+                self.events.append(("quota", denied))
 
 
 @pytest.fixture
@@ -56,7 +59,7 @@ def recorder() -> Recorder:
 @pytest.fixture
 def manager(config_path: Path, recorder: Recorder) -> Manager:
     manager = make_manager(config_path)
-    manager.listeners.append(recorder)
+    manager.observers.subscribe(recorder)
     return manager
 
 

@@ -13,7 +13,7 @@ from vgpud.kernel.uapi import FILTER_OPEN, OFF_NONE, Node
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Escape, NvClass, VidHeapFunction, ioc_nr, ioc_size, iowr
 from vgpud.nvidia.layouts import DecodeError, decode_call, status_offset
-from vgpud.nvidia.rules import parse_filter_spec, rm_alloc_classes, rm_control_cmds
+from vgpud.policy.rules import parse_filter_spec, rm_alloc_classes, rm_control_cmds
 
 
 def mem_params(size: int) -> bytes:

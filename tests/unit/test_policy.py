@@ -7,13 +7,14 @@ import errno
 import pytest
 from fakekernel import FAMILY, genl, upcall_msg
 
-from vgpud.daemon import Dispatcher
 from vgpud.kernel import codec, uapi
 from vgpud.kernel.uapi import ALLOW, Cmd, Filter, Node, UpcallKind, Verdict, VerdictAction
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Escape, NvStatus
-from vgpud.nvidia.rules import rm_alloc_classes
-from vgpud.policy import AllowAll, DenyClasses, Request, parse_policy
+from vgpud.policy.base import Request
+from vgpud.policy.dispatch import Dispatcher
+from vgpud.policy.rules import rm_alloc_classes
+from vgpud.policy.simple import AllowAll, DenyClasses, parse_policy
 
 
 def upcall(params: bytes, nr: int = Escape.RM_ALLOC, **kw) -> codec.Upcall:

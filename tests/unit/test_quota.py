@@ -15,10 +15,9 @@ from fakekernel import FAMILY, close_event_msg, mmap_params, post_event_msg, upc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vgpud.config import parse_config
+from vgpud.admin.manager import Manager
 from vgpud.core.ledger import Key, Ledger
-from vgpud.daemon import Dispatcher
-from vgpud.journal import ChargeJournal, Identity
+from vgpud.host.procmem import ProcessMemory
 from vgpud.kernel import codec
 from vgpud.kernel.uapi import (
     ALLOW,
@@ -34,12 +33,13 @@ from vgpud.kernel.uapi import (
     Verdict,
     VerdictAction,
 )
-from vgpud.manager import Manager
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Ctrl, Escape, NvStatus
-from vgpud.procmem import ProcessMemory
-from vgpud.quota import CallerMemory, QuotaPolicy
-from vgpud.state import RuntimeState
+from vgpud.policy.dispatch import Dispatcher
+from vgpud.policy.quota import CallerMemory, QuotaPolicy
+from vgpud.store.config import parse_config
+from vgpud.store.journal import ChargeAndGroupJournal, Identity
+from vgpud.store.state import RuntimeState
 
 GIB, MIB, KIB = 2**30, 2**20, 2**10
 GPUS = [(0, "sim", 4 * GIB), (1, "sim", 4 * GIB)]
@@ -80,8 +80,10 @@ class World:
         self.denied: list = []
         self.manager.quota_exceeded = self.denied.append  # type: ignore[method-assign]
         self.cgroups: dict[int, str] = {}
-        self.journal = None if journal is None else ChargeJournal.resume(
+        self.journal = None if journal is None else ChargeAndGroupJournal.resume(
             journal, self.ledger, Identity("boot", "vgpu"))
+        if self.journal is not None:
+            self.ledger.observers.subscribe(self.journal)
         self.policy = QuotaPolicy(self.manager, self.ledger, cgroup_path=self.cgroups.get,
                                   memory=memory)
         self.d = Dispatcher(self.policy)

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from vgpud.core.groups import Group, GroupTracker
 from vgpud.sched.activity import NvmlActivity, NvsimActivity, choose_source
-from vgpud.sched.groups import Group, GroupTracker
 
 MS = 1_000_000
 HEADER = "gpu client group tgid enabled timeslice_us pending_ns busy_ns\n"

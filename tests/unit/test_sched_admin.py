@@ -24,13 +24,15 @@ from test_dbus_api import properties_changed
 from vgpud import cli
 from vgpud.admin.client import AdminClient
 from vgpud.admin.dbus import tenant_path
+from vgpud.core.observers import Topic
+from vgpud.core.shares import SharesChanged
 
 
 class FakeScheduler:
     def __init__(self) -> None:
         self.shares: dict[str, dict[int, float]] = {"alice": {0: 62.5, 1: 100.0}}
         self.measured: dict[str, dict[int, float]] = {"alice": {0: 61.9}}
-        self.share_listeners: list[Any] = []
+        self.observers: Topic[SharesChanged] = Topic()
 
     def share(self, tenant: str) -> dict[int, float]:
         return dict(self.shares.get(tenant, {}))
@@ -62,12 +64,12 @@ def test_share_properties(sched_service: ServiceThread) -> None:
 
 def test_shares_changed_emits_properties_changed(sched_service: ServiceThread) -> None:
     scheduler: FakeScheduler = sched_service.scheduler
-    (admin,) = scheduler.share_listeners  # the AdminService registered itself
+    assert len(scheduler.observers) == 1  # the AdminService, as vgpud.app subscribes it
 
     async def run(client: AdminClient) -> Message:
         received = await properties_changed(client)
         scheduler.measured["alice"] = {0: 50.0}
-        sched_service.call(admin.shares_changed, ["alice"])
+        sched_service.call(scheduler.observers.notify, SharesChanged(("alice",)))
         return await asyncio.wait_for(received.get(), 5)
 
     msg = asyncio.run(AdminClient.run(run))

@@ -15,11 +15,14 @@ from fakekernel import post_event_msg, upcall_msg
 from test_daemon import World as _World
 from test_daemon_quota import inventory, write_config
 
-from vgpud.daemon import Daemon, Dispatcher, Notifier, build_quota
+from vgpud.app import build_quota
+from vgpud.daemon import Daemon
+from vgpud.host.systemd import Notifier
 from vgpud.kernel.uapi import VERDICT_F_SCHED_OFF, Sched, SchedResult, UpcallKind, VerdictAction
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Escape
-from vgpud.sched.policy import SchedPolicy
+from vgpud.policy.dispatch import Dispatcher
+from vgpud.policy.sched import SchedPolicy
 
 TENANT_B = '\n[[tenant]]\nname = "b"\nmatch = [{ uid = 2000 }]\n'
 
@@ -34,7 +37,7 @@ class World(_World):
     def daemon(self) -> Daemon:
         return Daemon(Dispatcher(self.policy), self.policy.filter(),
                       open_channel=self.open_channel, notifier=Notifier(self.notify_path),
-                      admin=self.admin)
+                      app=self.admin)
 
     async def schedule(self, entries: Sequence[Sched]) -> list[SchedResult]:
         self.scheduled.append(list(entries))

@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 from test_quota import World, setup_gpu
 
-from vgpud.daemon import Dispatcher
+from vgpud.core.groups import (
+    Group,
+    GroupEvent,
+    GroupForgotten,
+    GroupLearned,
+    GroupPauseChanged,
+    GroupTracker,
+    group_id,
+)
 from vgpud.kernel.uapi import (
     ALLOW,
     ALLOW_SCHED_OFF,
@@ -19,25 +27,27 @@ from vgpud.kernel.uapi import (
 )
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Ctrl, Escape, NvStatus
-from vgpud.nvidia.rules import rm_alloc_channel_groups, rm_control_cmds
-from vgpud.sched.groups import Group, GroupTracker, group_id
-from vgpud.sched.policy import SchedPolicy
+from vgpud.policy.dispatch import Dispatcher
+from vgpud.policy.rules import rm_alloc_channel_groups, rm_control_cmds
+from vgpud.policy.sched import SchedPolicy
 
 TSG = 0xA06C
 
 
 class Sink:
+    """An observer of the tracker that records what it hears."""
+
     def __init__(self) -> None:
         self.log: list[tuple[str, Group]] = []
 
-    def group_created(self, group: Group) -> None:
-        self.log.append(("created", group))
-
-    def group_freed(self, group: Group) -> None:
-        self.log.append(("freed", group))
-
-    def group_paused(self, group: Group, paused: bool) -> None:
-        self.log.append(("paused" if paused else "resumed", group))
+    def notify(self, event: GroupEvent) -> None:
+        match event:
+            case GroupLearned(group):
+                self.log.append(("created", group))
+            case GroupForgotten(group):
+                self.log.append(("freed", group))
+            case GroupPauseChanged(group, paused):
+                self.log.append(("paused" if paused else "resumed", group))
 
 
 class SchedWorld(World):
@@ -45,7 +55,7 @@ class SchedWorld(World):
         super().__init__(tmp)
         self.tracker = GroupTracker()
         self.sink = Sink()
-        self.tracker.sinks.append(self.sink)
+        self.tracker.observers.subscribe(self.sink)
         self.sched = SchedPolicy(self.policy, self.tracker)
         self.d = Dispatcher(self.sched)
 
@@ -141,17 +151,11 @@ def test_refused_context_learns_nothing(w: SchedWorld) -> None:
 
 def test_a_failing_sink_leaves_the_quota_policy_whole(w: SchedWorld) -> None:
     class Broken:
-        def group_created(self, group: Group) -> None:
-            raise RuntimeError("boom")
-
-        def group_freed(self, group: Group) -> None:
-            raise RuntimeError("boom")
-
-        def group_paused(self, group: Group, paused: bool) -> None:
+        def notify(self, event: GroupEvent) -> None:
             raise RuntimeError("boom")
 
     client, device, _ = setup_gpu(w, ctx=5)
-    w.tracker.sinks.insert(0, Broken())
+    w.tracker.observers.subscribe(Broken())
     w.group(5, client, device)
     assert w.d.counters.policy_errors == 1
     w.mem(5, client, device, 1 << 20)  # the quota side still works

@@ -11,15 +11,16 @@ from typing import Any
 
 import pytest
 
-from vgpud.config import parse_config
+from vgpud.admin.manager import Manager
+from vgpud.core.groups import Group, GroupTracker
 from vgpud.core.ledger import Ledger
+from vgpud.core.shares import SharesChanged, target_shares
 from vgpud.kernel.uapi import Sched, SchedResult, SchedState
-from vgpud.manager import Manager
 from vgpud.sched.activity import Activity
 from vgpud.sched.actuator import ActuatorStats, ModuleActuator
-from vgpud.sched.groups import Group, GroupTracker
-from vgpud.sched.service import SchedulerService, target_shares
-from vgpud.state import RuntimeState
+from vgpud.sched.service import SchedulerService
+from vgpud.store.config import parse_config
+from vgpud.store.state import RuntimeState
 
 GIB = 2**30
 MS = 1_000_000  # ns
@@ -122,6 +123,9 @@ class World:
         self.service = SchedulerService(self.manager, self.tracker, activity=activity,
                                         clock=self.clock, call_later=self.timers,
                                         share_interval=1e6)
+        # as vgpud.app subscribes it
+        self.tracker.observers.subscribe(self.service)
+        self.manager.observers.subscribe(self.service)
         self.actuator = Recorder(self.clock)
         self.handles = itertools.count(0x100)
 
@@ -221,8 +225,6 @@ def test_stop_turns_every_group_back_on(w: World) -> None:
         await w.service.stop()
         _, last = w.actuator.calls[-1]
         assert sorted(last) == sorted(Sched(g.ctx, g.client, g.handle, True) for g in groups)
-        assert w.service not in w.manager.listeners
-        assert w.service not in w.tracker.sinks
 
     run(main())
 
@@ -343,11 +345,11 @@ def test_shares_published_once_per_change(tmp_path: Path) -> None:
     w = World(tmp_path, activity=source)
     heard: list[list[str]] = []
 
-    class Listener:
-        def shares_changed(self, tenants: Any) -> None:
-            heard.append(list(tenants))
+    class Observer:
+        def notify(self, event: SharesChanged) -> None:
+            heard.append(list(event.tenants))
 
-    w.service.share_listeners.append(Listener())
+    w.service.observers.subscribe(Observer())
 
     async def main() -> None:
         w.service.start(w.actuator)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from vgpud.core.tenants import MatchRule, MemoryLimit, Priority, Tenant
-from vgpud.state import ChangeError, RuntimeState, StateError, load_state, save_state
+from vgpud.store.state import ChangeError, RuntimeState, StateError, load_state, save_state
 
 CONFIG = (
     Tenant(name="a", match=(MatchRule(uid=1),), weight=10),

@@ -28,14 +28,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import nvclient as nv
 from conftest import set_param
 
-from vgpud.daemon import Dispatcher
 from vgpud.kernel.channel import GenlChannel, query_module_stats
 from vgpud.kernel.codec import CloseEvent, Event, PostEvent
 from vgpud.kernel.uapi import ALLOW, Filter, Stats, Verdict
 from vgpud.nvidia.escapes import NvStatus
 from vgpud.nvidia.layouts import MemoryAllocParams, RmAlloc
-from vgpud.nvidia.rules import rm_alloc_classes
-from vgpud.policy import Request
+from vgpud.policy.base import Request
+from vgpud.policy.dispatch import Dispatcher
+from vgpud.policy.rules import rm_alloc_classes
 
 pytestmark = pytest.mark.vm
 

@@ -31,7 +31,7 @@ from conftest import (
 )
 from dbus_fixtures import PrivateBus
 
-from vgpud.journal import current_identity
+from vgpud.store.journal import current_identity
 
 pytestmark = pytest.mark.vm
 

@@ -1,1 +1,5 @@
-"""The admin layer: the D-Bus service (dbus), caller authorization (auth), a client (client)."""
+"""Administration: ``manager`` (the admin model: config + runtime state + the
+ledger's limits, every change validated, persisted, then applied), ``dbus``
+(the org.vgpud1 API over it), ``auth`` (who may change things) and
+``client`` (what vgpuctl uses to call the API).
+"""

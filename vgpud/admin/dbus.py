@@ -20,10 +20,10 @@ from __future__ import annotations
 import asyncio
 import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any, Protocol
 
 from dbus_fast import DBusError, Message, MessageType, RequestNameReply, Variant
 from dbus_fast.aio import MessageBus
@@ -34,8 +34,7 @@ from dbus_fast.service import ServiceInterface, dbus_method, dbus_property, dbus
 
 from vgpud import __version__
 from vgpud.admin.auth import caller_of, is_admin
-from vgpud.core.ledger import Denied
-from vgpud.manager import (
+from vgpud.admin.manager import (
     BINDINGS,
     CONTEXTS,
     USAGE,
@@ -43,12 +42,16 @@ from vgpud.manager import (
     InvalidArgument,
     InvalidConfig,
     Manager,
+    ManagerEvent,
     NoSuchTenant,
+    QuotaExceeded,
+    SettingsChanged,
     TenantBusy,
+    TenantChanged,
+    TenantsChanged,
 )
-
-if TYPE_CHECKING:
-    from vgpud.sched.service import SchedulerService
+from vgpud.core.ledger import Denied
+from vgpud.core.shares import SharesChanged
 
 __all__ = ["BUS_NAME", "MANAGER_PATH", "AdminService", "introspection_xml", "tenant_path"]
 
@@ -112,6 +115,14 @@ _PROPERTIES = {
     CONTEXTS: ("Contexts",),
     SHARES: ("Share", "MeasuredShare"),
 }
+
+class Shares(Protocol):
+    """What the Tenant objects read of the scheduler (SchedulerService)."""
+
+    def share(self, tenant: str) -> dict[int, float]: ...
+
+    def measured_share(self, tenant: str) -> dict[int, float]: ...
+
 
 # The sender of the method call being dispatched: set by a message handler
 # that runs just before dbus-fast dispatches the call, captured by the task
@@ -264,7 +275,7 @@ class ManagerInterface(ServiceInterface):
 
 class TenantInterface(ServiceInterface):
     def __init__(self, manager: Manager, name: str,
-                 scheduler: SchedulerService | None = None) -> None:
+                 scheduler: Shares | None = None) -> None:
         super().__init__(TENANT_INTERFACE)
         self._manager = manager
         self._name = name
@@ -349,10 +360,11 @@ class TenantInterface(ServiceInterface):
 
 
 class AdminService:
-    """Exports the manager on a bus and keeps the exported objects current."""
+    """Exports the manager on a bus and keeps the exported objects current: it
+    observes the Manager and the scheduler (``notify``)."""
 
     def __init__(self, manager: Manager, bus: MessageBus,
-                 scheduler: SchedulerService | None = None) -> None:
+                 scheduler: Shares | None = None) -> None:
         self.manager = manager
         self.bus = bus
         self.scheduler = scheduler
@@ -368,9 +380,6 @@ class AdminService:
         self.bus.export(MANAGER_PATH, self._interface)
         for tenant in self.manager.tenants:
             self._export(tenant.name)
-        self.manager.listeners.append(self)
-        if self.scheduler is not None:
-            self.scheduler.share_listeners.append(self)
         reply = await self.bus.request_name(BUS_NAME, NameFlag.DO_NOT_QUEUE)
         if reply not in (RequestNameReply.PRIMARY_OWNER, RequestNameReply.ALREADY_OWNER):
             self.close()
@@ -381,10 +390,6 @@ class AdminService:
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
-        if self in self.manager.listeners:
-            self.manager.listeners.remove(self)
-        if self.scheduler is not None and self in self.scheduler.share_listeners:
-            self.scheduler.share_listeners.remove(self)
         self.bus.remove_message_handler(self._note_sender)
         self.bus.unexport(MANAGER_PATH)
         for name in list(self._tenants):
@@ -402,9 +407,24 @@ class AdminService:
                 f"changing vgpud needs root or group {admin_group!r} (caller uid {uid})",
             )
 
-    # --- manager.Listener ---
+    # --- what it observes: the Manager and the scheduler ---
 
-    def tenants_changed(self, added: Sequence[str], removed: Sequence[str]) -> None:
+    def notify(self, event: ManagerEvent | SharesChanged) -> None:
+        match event:
+            case TenantsChanged(added, removed):
+                self._tenants_changed(added, removed)
+            case TenantChanged(name, fields):
+                self._tenant_changed(name, fields)
+            case SharesChanged(tenants):
+                for name in tenants:
+                    self._tenant_changed(name, frozenset({SHARES}))
+            case SettingsChanged():
+                self._interface.emit_properties_changed(
+                    {"DefaultTenant": self.manager.default_tenant or ""})
+            case QuotaExceeded(denied):
+                self._quota_exceeded(denied)
+
+    def _tenants_changed(self, added: Sequence[str], removed: Sequence[str]) -> None:
         for name in removed:
             self._unexport(name)
             self._dirty.pop(name, None)
@@ -414,7 +434,7 @@ class AdminService:
             self._export(name)
             self._interface.TenantAdded(name)
 
-    def tenant_changed(self, name: str, fields: frozenset[str]) -> None:
+    def _tenant_changed(self, name: str, fields: frozenset[str]) -> None:
         properties = {p for f in fields for p in _PROPERTIES.get(f, ())}
         if properties and name in self._tenants:
             self._dirty.setdefault(name, set()).update(properties)
@@ -422,17 +442,7 @@ class AdminService:
                 loop = asyncio.get_running_loop()
                 self._flush_handle = loop.call_later(FLUSH_DELAY, self._flush)
 
-    def shares_changed(self, tenants: Iterable[str]) -> None:
-        """The scheduler's ShareListener (at most once per second)."""
-        for name in tenants:
-            self.tenant_changed(name, frozenset({SHARES}))
-
-    def settings_changed(self) -> None:
-        self._interface.emit_properties_changed(
-            {"DefaultTenant": self.manager.default_tenant or ""}
-        )
-
-    def quota_exceeded(self, denied: Denied) -> None:
+    def _quota_exceeded(self, denied: Denied) -> None:
         now = asyncio.get_running_loop().time()
         key = (denied.tenant, denied.gpu)
         if key not in self._quota_sent or now - self._quota_sent[key] >= QUOTA_INTERVAL:

@@ -1,5 +1,9 @@
-"""The pure core: tenants, the memory ledger, the TDMA scheduler.
+"""The pure core: events in, decisions out.
 
-Events in, decisions out: no sockets, asyncio, clocks or files here, and no
-imports from vgpud.kernel, vgpud.admin, vgpud.probes or vgpud.daemon.
+``tenants`` (the tenant model and who an opener belongs to), ``ledger``
+(per-tenant GPU memory: reservations, charges, the RM object tree), ``tdma``
+(the time-slice scheduler of one GPU), ``shares`` (the share of GPU time
+each tenant is entitled to), ``groups`` (the live channel groups) and
+``observers`` (the one way a subject tells others what changed). No sockets,
+asyncio, clocks or files here, and no imports from the rest of vgpud.
 """

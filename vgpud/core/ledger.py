@@ -15,46 +15,27 @@ the decisions it returns. The upcall protocol maps onto it like this:
 Objects are named by Key(client, handle): RM object handles are unique within
 their client, client handles are unique in the driver, so keys of different
 clients never collide (a root client is Key(h, h)). The ledger charges what it
-is told; charge_for() encodes which classes hold device memory.
+is told; which classes hold device memory is the policy's business.
 
 Reservations make admission atomic: a reservation counts against the limit
 from the pre-call until its POST, so two concurrent allocations cannot both
 pass on the same free bytes.
 
 Durable changes (contexts, objects, charges; not limits, which come from the
-config, nor reservations, which live for one call) are reported as Change
-values to ``on_change`` when one is set: the daemon's charge journal
-(vgpud.journal) appends them, and ``apply`` replays them into a new ledger
-after a restart. ``changes()`` lists the changes that rebuild the current
-state, for compacting that journal.
+config, nor reservations, which live for one call) are told to ``observers``
+as Change values: the daemon's journal (vgpud.store.journal) appends them,
+and ``apply`` replays them into a new ledger after a restart. ``changes()``
+lists the changes that rebuild the current state, for compacting that
+journal.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-# Classes that allocate device memory (charged) and those that do not.
-NV01_MEMORY_LOCAL_PRIVILEGED = 0x3F
-NV01_MEMORY_LOCAL_USER = 0x40
-NV01_MEMORY_SYSTEM = 0x3E
-NV01_MEMORY_VIRTUAL = 0x70
-NV01_MEMORY_SYSTEM_OS_DESCRIPTOR = 0x71
-NV50_MEMORY_VIRTUAL = 0x50A0
-CHARGED_CLASSES = frozenset({NV01_MEMORY_LOCAL_USER, NV01_MEMORY_LOCAL_PRIVILEGED})
-
-
-def charge_for(h_class: int, size: int) -> int | None:
-    """Bytes to charge for allocating `size` bytes of class `h_class`, or None.
-
-    Only video-memory classes are charged. Virtual address space (0x70, 0x50A0)
-    and host memory (0x3E, 0x71) are not, nor is any class not known to
-    allocate device memory.
-    """
-    if size < 0:
-        raise ValueError(f"negative allocation size {size}")
-    return size if h_class in CHARGED_CLASSES else None
+from vgpud.core.observers import Topic
 
 
 class Key(NamedTuple):
@@ -109,7 +90,7 @@ class Freed:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """A tenant's account on one GPU, as a view shows it: total = limit."""
+    """A tenant's account on one GPU."""
 
     tenant: str
     gpu: int
@@ -120,10 +101,6 @@ class Usage:
     @property
     def used(self) -> int:
         return self.charged + self.reserved
-
-    @property
-    def total(self) -> int:
-        return self.limit
 
     @property
     def free(self) -> int:
@@ -262,7 +239,7 @@ class Ledger:
     """Per (tenant, GPU) accounts, open contexts, live objects and reservations."""
 
     def __init__(self) -> None:
-        self.on_change: Callable[[Change], None] | None = None
+        self.observers: Topic[Change] = Topic()  # hear each durable change
         self._accounts: dict[tuple[str, int], _Account] = {}
         self._tenant_accounts: dict[str, int] = {}  # tenant -> number of accounts
         self._contexts: dict[int, _Context] = {}
@@ -316,8 +293,8 @@ class Ledger:
         if ctx in self._contexts:
             raise DuplicateContext(ctx)
         self._contexts[ctx] = _Context(tenant)
-        if self.on_change is not None:
-            self.on_change(Opened(ctx, tenant))
+        if self.observers:
+            self.observers.notify(Opened(ctx, tenant))
 
     def close(self, ctx: int) -> Freed:
         """The file was closed: cancel its reservations and free all its objects."""
@@ -331,8 +308,8 @@ class Ledger:
             if key in self._nodes:
                 self._free_subtree(key, keys, released)
         del self._contexts[ctx]
-        if self.on_change is not None:
-            self.on_change(Closed(ctx))
+        if self.observers:
+            self.observers.notify(Closed(ctx))
         return Freed(tuple(keys), tuple(released), cancelled)
 
     def tenant_of(self, ctx: int) -> str:
@@ -384,8 +361,8 @@ class Ledger:
         self._account(r.tenant, r.gpu).charged += r.size
         parent = pending.parent if pending.parent in self._nodes else None
         self._insert(r.ctx, key, parent, _Charge(r.tenant, r.gpu, r.size), None)
-        if self.on_change is not None:
-            self.on_change(Charged(r.ctx, key, parent, r.tenant, r.gpu, r.size))
+        if self.observers:
+            self.observers.notify(Charged(r.ctx, key, parent, r.tenant, r.gpu, r.size))
 
     def release(self, reservation: Reservation) -> None:
         """The allocation failed: return the reserved bytes."""
@@ -400,8 +377,8 @@ class Ledger:
         names (a device or subdevice), for the allocations made under it."""
         self._check_new(ctx, key, parent)
         self._insert(ctx, key, parent, None, gpu)
-        if self.on_change is not None:
-            self.on_change(Tracked(ctx, key, parent, gpu))
+        if self.observers:
+            self.observers.notify(Tracked(ctx, key, parent, gpu))
 
     def dup(self, ctx: int, new_key: Key, existing_key: Key, parent: Key | None) -> None:
         """RM_DUP_OBJECT: `new_key` is a second handle to `existing_key`'s memory
@@ -414,8 +391,8 @@ class Ledger:
         if existing.charge is not None:
             existing.charge.refs += 1
         self._insert(ctx, new_key, parent, existing.charge, existing.gpu)
-        if self.on_change is not None:
-            self.on_change(Duped(ctx, new_key, existing_key, parent))
+        if self.observers:
+            self.observers.notify(Duped(ctx, new_key, existing_key, parent))
 
     def free(self, key: Key) -> Freed:
         """RM_FREE of `key`: it and everything below it are gone."""
@@ -424,8 +401,8 @@ class Ledger:
         keys: list[Key] = []
         released: list[Release] = []
         self._free_subtree(key, keys, released)
-        if self.on_change is not None:
-            self.on_change(Removed(key))
+        if self.observers:
+            self.observers.notify(Removed(key))
         return Freed(tuple(keys), tuple(released))
 
     def __contains__(self, key: object) -> bool:
@@ -442,21 +419,21 @@ class Ledger:
         """Replay a change recorded by another ledger (LedgerError if it does
         not fit this one; nothing changes then). A charge is restored as it
         was, even over a limit lowered since: limits never free memory."""
-        kind = type(change)
-        if kind is Opened:
-            self.open(*change)  # type: ignore[arg-type]
-        elif kind is Tracked:
-            self.track(*change)  # type: ignore[arg-type]
-        elif kind is Charged:
-            self._restore(change)  # type: ignore[arg-type]
-        elif kind is Duped:
-            self.dup(*change)  # type: ignore[arg-type]
-        elif kind is Removed:
-            self.free(change.key)  # type: ignore[union-attr]
-        elif kind is Closed:
-            self.close(change.ctx)  # type: ignore[union-attr]
-        else:
-            raise TypeError(f"not a ledger change: {change!r}")
+        match change:
+            case Opened(ctx, tenant):
+                self.open(ctx, tenant)
+            case Tracked(ctx, key, parent, gpu):
+                self.track(ctx, key, parent, gpu)
+            case Charged():
+                self._restore(change)
+            case Duped(ctx, key, source, parent):
+                self.dup(ctx, key, source, parent)
+            case Removed(key):
+                self.free(key)
+            case Closed(ctx):
+                self.close(ctx)
+            case _:
+                raise TypeError(f"not a ledger change: {change!r}")
 
     def _restore(self, c: Charged) -> None:
         account = self._account(c.tenant, c.gpu)
@@ -465,8 +442,8 @@ class Ledger:
         self._check_new(c.ctx, c.key, c.parent)
         account.charged += c.size
         self._insert(c.ctx, c.key, c.parent, _Charge(c.tenant, c.gpu, c.size), None)
-        if self.on_change is not None:
-            self.on_change(c)
+        if self.observers:
+            self.observers.notify(c)
 
     def changes(self) -> Iterator[Change]:
         """Changes that rebuild this ledger's contexts, objects and charges

@@ -54,6 +54,7 @@ from bisect import bisect_right, insort
 from dataclasses import dataclass, field, replace
 
 MAX_WEIGHT = 1_000_000
+MIN_SLOT_US = 2_048  # two of the driver's default TSG time slices
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +66,7 @@ class TdmaConfig:
     """
 
     frame_us: int = 50_000
-    min_slot_us: int = 2_048
+    min_slot_us: int = MIN_SLOT_US
     hw_timeslice_us: int = 1_024
 
     def __post_init__(self) -> None:
@@ -80,6 +81,11 @@ class TdmaConfig:
             )
         if self.frame_us < self.min_slot_us:
             raise ValueError(f"frame_us={self.frame_us} is shorter than min_slot_us")
+
+    @property
+    def cap_floor(self) -> int:
+        """The lowest cap (percent) that leaves one min slot per frame."""
+        return -(-100 * self.min_slot_us // self.frame_us)
 
 
 # --- events ----------------------------------------------------------------
@@ -311,7 +317,7 @@ class TdmaScheduler:
     def _check_cap(self, cap: object) -> None:
         if cap is None:
             return
-        low = -(-100 * self._cfg.min_slot_us // self._cfg.frame_us)
+        low = self._cfg.cap_floor
         if not (_is_int(cap) and isinstance(cap, int) and low <= cap <= 100):
             raise ValueError(
                 f"cap must be None or a percentage in {low}..100 (a capped tenant needs at "

@@ -1,1 +1,5 @@
-"""Our kernel module's protocol: uapi mirror, struct codec, netlink channel."""
+"""Our kernel module's protocol: ``uapi`` (the mirror of
+include/uapi/linux/vgpu.h), ``cstruct`` (fixed layouts with ``struct``),
+``codec`` (sans-I/O encode/decode of the generic netlink family) and
+``channel`` (the asyncio netlink socket that carries upcalls and verdicts).
+"""

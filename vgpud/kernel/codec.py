@@ -7,9 +7,9 @@ the others. Daemon -> kernel: ``encode_*`` build requests; ``VerdictEncoder``
 builds a verdict with a single ``struct.pack`` (the hot path).
 
 Decoding is strict: a message must carry only the attributes its command
-defines in protocol v1 (the version is fixed at registration, so anything else
-means the module and the daemon disagree on the contract), reserved fields
-must be zero and enum values known.
+defines in the protocol version of uapi.PROTO_VERSION (fixed at registration,
+so anything else means the module and the daemon disagree on the contract),
+reserved fields must be zero and enum values known.
 """
 
 from __future__ import annotations
@@ -215,14 +215,8 @@ def _align(n: int) -> int:
 def _attrs(buf: bytes, off: int, end: int, allowed: frozenset[int]) -> dict[int, bytes]:
     """Parse netlink attributes in ``buf[off:end]``; each type at most once."""
     attrs: dict[int, bytes] = {}
-    unpack = _NLA_UNPACK
     while off < end:
-        if end - off < 4:
-            raise DecodeError(f"truncated attribute header at {off}")
-        nla_len, kind = unpack(buf, off)
-        kind &= NLA_TYPE_MASK
-        if nla_len < 4 or off + nla_len > end:
-            raise DecodeError(f"attribute {kind} length {nla_len} at {off}")
+        nla_len, kind = _attr_header(buf, off, end)
         if kind not in allowed:
             raise DecodeError(f"unexpected attribute {kind}")
         if kind in attrs:
@@ -230,6 +224,17 @@ def _attrs(buf: bytes, off: int, end: int, allowed: frozenset[int]) -> dict[int,
         attrs[kind] = buf[off + 4 : off + nla_len]
         off += (nla_len + 3) & ~3
     return attrs
+
+
+def _attr_header(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    """The length and type of the attribute at ``pos``, which must fit before ``end``."""
+    if end - pos < 4:
+        raise DecodeError(f"truncated attribute header at {pos}")
+    nla_len, nla_type = _NLA_UNPACK(buf, pos)
+    nla_type &= NLA_TYPE_MASK
+    if nla_len < 4 or pos + nla_len > end:
+        raise DecodeError(f"attribute {nla_type} length {nla_len} at {pos}")
+    return nla_len, nla_type
 
 
 def _cgroup(raw: bytes) -> str:
@@ -241,17 +246,11 @@ def _decode_upcall(buf: bytes, off: int, end: int) -> Upcall:
     head = params = data = cgroup = None
     seen = 0
     pos = off
-    unpack = _NLA_UNPACK
-    if end - off >= _UPCALL_ATTR_LEN and unpack(buf, off) == _UPCALL_NLA:  # the module's order
+    if end - off >= _UPCALL_ATTR_LEN and _NLA_UNPACK(buf, off) == _UPCALL_NLA:  # the module's order
         head, seen, pos = off + 4, 1 << _A_UPCALL, off + _UPCALL_ATTR_LEN
     try:
         while pos < end:
-            if end - pos < 4:
-                raise DecodeError(f"truncated attribute header at {pos}")
-            nla_len, nla_type = unpack(buf, pos)
-            nla_type &= NLA_TYPE_MASK
-            if nla_len < 4 or pos + nla_len > end:
-                raise DecodeError(f"attribute {nla_type} length {nla_len} at {pos}")
+            nla_len, nla_type = _attr_header(buf, pos, end)
             if not 0 < nla_type <= _ATTR_MAX:
                 raise DecodeError(f"unexpected attribute {nla_type}")
             bit = 1 << nla_type
@@ -407,6 +406,7 @@ def decode_datagram(buf: bytes, family_id: int) -> list[Message | DecodeError]:
         if length < 16 or end > size:
             out.append(DecodeError(f"nlmsg_len {length} at {off} of {size}"))
             break
+        msg: Message | DecodeError | None
         try:
             if nl_type == family_id:
                 msg = _decode_genl(buf, off, end, seq)

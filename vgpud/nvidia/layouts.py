@@ -9,7 +9,7 @@ DecodeError on anything that does not fit.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from vgpud.kernel.cstruct import CStruct, DecodeError
@@ -134,7 +134,7 @@ LAYOUTS = (NVOS00, NVOS21, NVOS64, NVOS54, NVOS33_WITH_FD, NVOS02_WITH_FD, NVOS3
            NV2080_CTRL_FB_GET_INFO_PARAMS, NV2080_CTRL_FB_GET_INFO_V2_PARAMS)
 
 # Where `status` lies in each params block, by (escape, params size).
-_STATUS_OFFSETS = {
+_STATUS_OFFSETS: dict[tuple[int, int], int] = {
     (Escape.RM_FREE, NVOS00.size): NVOS00.offsets["status"],
     (Escape.RM_ALLOC, NVOS21.size): NVOS21.offsets["status"],
     (Escape.RM_ALLOC, NVOS64.size): NVOS64.offsets["status"],
@@ -337,7 +337,7 @@ def _vid_heap(params: bytes, _data: bytes | None) -> VidHeapControl:
     return VidHeapControl(h_root, h_parent, function, h_va_space, status, h_memory, alloc)
 
 
-_DECODERS = {
+_DECODERS: dict[int, Callable[[bytes, bytes | None], Call]] = {
     Escape.RM_FREE: lambda p, _d: RmFree(*NVOS00.unpack_exact(p)),
     Escape.RM_ALLOC: _rm_alloc,
     Escape.RM_CONTROL: _rm_control,

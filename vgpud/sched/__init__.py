@@ -1,12 +1,8 @@
-"""TDMA scheduling of tenants on each GPU, actuated through channel groups.
-
-    policy     SchedPolicy: wraps the quota policy, learns channel groups from
-               RM_ALLOC / RM_FREE POST events and context closes (sans-I/O)
-    groups     GroupTracker: the live groups, by handle, context and client
-    service    SchedulerService: per GPU a vgpud.core.tdma.TdmaScheduler on
-               timers, fed by the tracker, the Manager and an activity source
-    actuator   turns groups on and off (the module's VGPU_CMD_SCHEDULE)
-    activity   which tenants have work: nvsim's /proc counters, NVML, or none
-
-See docs/architecture.md (Scheduling).
+"""The asyncio side of TDMA scheduling: ``service`` (SchedulerService: one
+vgpud.core.tdma scheduler per GPU on timers, fed by the GroupTracker, the
+Manager and an activity source), ``actuator`` (turns channel groups on and
+off through the module's VGPU_CMD_SCHEDULE) and ``activity`` (which tenants
+have work: nvsim's /proc counters, NVML, or none). The pure parts are in
+vgpud.core; the policy that learns groups is vgpud.policy.sched. See
+docs/architecture.md (Scheduling).
 """

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from vgpud.sched.groups import GroupTracker
+from vgpud.core.groups import GroupTracker
+from vgpud.host.inventory import import_nvml
 
 __all__ = [
     "Activity",
@@ -256,7 +257,7 @@ def choose_source(gpus: Sequence[int], *, nvsim: Path = NVSIM_PROC,
         log.info("scheduler activity: nvsim (%s)", nvsim / "groups")
         return NvsimActivity(nvsim / "groups")
     try:
-        module = nvml() if nvml is not None else _import_pynvml()
+        module = nvml() if nvml is not None else import_nvml()
         module.nvmlInit()
     except Exception as exc:  # ImportError, NVMLError (no library, no driver)
         log.info("scheduler activity: none (NVML unavailable: %s): every tenant with a "
@@ -271,9 +272,3 @@ def choose_source(gpus: Sequence[int], *, nvsim: Path = NVSIM_PROC,
         return None
     log.info("scheduler activity: NVML process utilization on %d GPUs", len(gpus))
     return source
-
-
-def _import_pynvml() -> Any:
-    import pynvml
-
-    return pynvml

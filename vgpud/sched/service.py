@@ -1,9 +1,9 @@
 """SchedulerService: the asyncio adapter around one TdmaScheduler per GPU.
 
 Inputs, each turned into core events at the current time:
-- the GroupTracker (it is a GroupSink): GroupCreated / GroupFreed, a group
-  its owner paused counting as freed until it is resumed;
-- the Manager (it is a Listener): TenantAdded / TenantRemoved, and
+- the GroupTracker's events (it observes the tracker): GroupCreated /
+  GroupFreed, a group its owner paused counting as freed until it is resumed;
+- the Manager's events (it observes the Manager): TenantAdded / TenantRemoved, and
   Weight/Cap/PriorityChanged, from D-Bus changes and reloads alike (the core
   stages them: they apply at its next frame);
 - the activity source, polled: Runnable / Idle per tenant per GPU (without a
@@ -21,7 +21,8 @@ already holds when the service is made (a restarted daemon's, from the charge
 journal), each as if just created, or turned off for good if paused.
 ``stop`` turns every known group on again (but those their owners paused),
 so that tenants do not stay switched off without a daemon.
-Shares are published to ``share_listeners`` at most once per SHARE_INTERVAL.
+Shares are published to ``observers`` (SharesChanged) at most once per
+SHARE_INTERVAL.
 """
 
 from __future__ import annotations
@@ -30,12 +31,30 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import suppress
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from vgpud.admin.manager import (
+    Manager,
+    ManagerEvent,
+    QuotaExceeded,
+    SettingsChanged,
+    TenantChanged,
+    TenantsChanged,
+)
+from vgpud.core.groups import (
+    Group,
+    GroupEvent,
+    GroupForgotten,
+    GroupLearned,
+    GroupPauseChanged,
+    GroupTracker,
+)
+from vgpud.core.observers import Topic
+from vgpud.core.shares import SharesChanged, target_shares
 from vgpud.core.tdma import (
+    MIN_SLOT_US,
     Action,
     CapChanged,
     Event,
@@ -54,20 +73,13 @@ from vgpud.core.tdma import (
 )
 from vgpud.core.tenants import Priority, Tenant
 from vgpud.kernel.uapi import Sched, SchedState
-from vgpud.sched.activity import Activity, ActivitySource, choose_source
-from vgpud.sched.groups import Group, GroupTracker
-from vgpud.sched.policy import SchedPolicy, TenantPolicy
+from vgpud.sched.activity import Activity, ActivitySource
+from vgpud.sched.actuator import Actuator
 
-if TYPE_CHECKING:
-    from vgpud.core.ledger import Denied
-    from vgpud.manager import Manager
-    from vgpud.sched.actuator import Actuator
-
-__all__ = ["SchedStats", "SchedulerService", "ShareListener", "build", "target_shares"]
+__all__ = ["SchedStats", "SchedulerService"]
 
 log = logging.getLogger(__name__)
 
-MIN_SLOT_US = 2_048  # two default TSG time slices
 SHARE_INTERVAL = 1.0  # seconds between share updates
 STOP_TIMEOUT = 2.0
 KEEP_SAMPLES = 100_000  # the latest latency samples kept for the stats
@@ -79,12 +91,6 @@ class CallLater(Protocol):
 
     def __call__(self, delay: float, callback: Callable[[_Gpu], None], gpu: _Gpu, /
                  ) -> asyncio.TimerHandle: ...
-
-
-class ShareListener(Protocol):
-    def shares_changed(self, tenants: Iterable[str]) -> None:
-        """Share or MeasuredShare of these tenants changed."""
-        ...
 
 
 @dataclass(slots=True)
@@ -131,7 +137,7 @@ class SchedulerService:
         self.activity = activity
         self.config = _config(manager.config.daemon.frame_ms)
         self.stats = SchedStats()
-        self.share_listeners: list[ShareListener] = []
+        self.observers: Topic[SharesChanged] = Topic()
         self._clock = clock
         self._call_later = call_later
         self._share_interval = share_interval
@@ -143,7 +149,7 @@ class SchedulerService:
         self._actuator: Actuator | None = None
         self._backlog: list[tuple[list[Sched], int]] = []
         self._inflight: set[asyncio.Task[None]] = set()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._runner: asyncio.Task[None] | None = None  # the polling and share loops
         self._busy: Mapping[tuple[int, str], int] = {}
         self._busy_prev: tuple[int, Mapping[tuple[int, str], int]] | None = None
         self._shares: dict[str, dict[int, float]] = {}
@@ -152,11 +158,9 @@ class SchedulerService:
             self._gpu(gpu.index)
         for group in tracker:  # restored: the module turned back on those left off
             if tracker.paused(group):
-                self.group_paused(group, True)
+                self._paused(group, True)
             else:
-                self.group_created(group)
-        tracker.sinks.append(self)
-        manager.listeners.append(self)
+                self._schedule(group)
 
     # --- lifecycle ---
 
@@ -167,10 +171,8 @@ class SchedulerService:
         for entries, decided in backlog:
             self._send(entries, decided)
         if self._call_later is None:
-            self._call_later = asyncio.get_running_loop().call_later  # type: ignore[assignment]
-        if self.activity is not None:
-            self._tasks.append(asyncio.create_task(self._poll_loop(self.activity)))
-        self._tasks.append(asyncio.create_task(self._share_loop()))
+            self._call_later = asyncio.get_running_loop().call_later
+        self._runner = asyncio.create_task(self._run())
         for gpu in self._gpus.values():
             self._arm(gpu, self._now())
         log.info("scheduler: %d GPUs, frame %d us, min slot %d us, activity %s",
@@ -179,17 +181,15 @@ class SchedulerService:
 
     async def stop(self) -> None:
         """Stop deciding; turn every group on again; log the figures."""
-        for task in self._tasks:
-            task.cancel()
+        actuator, self._actuator = self._actuator, None  # no timer is armed from here
         for gpu in self._gpus.values():
             if gpu.timer is not None:
                 gpu.timer.cancel()
                 gpu.timer = None
-        actuator, self._actuator = self._actuator, None
-        with suppress(ValueError):
-            self.tracker.sinks.remove(self)
-        with suppress(ValueError):
-            self.manager.listeners.remove(self)
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            runner.cancel()
+            await asyncio.wait([runner])
         if self.activity is not None:
             self.activity.close()
         if actuator is None:
@@ -220,15 +220,26 @@ class SchedulerService:
     def running(self) -> dict[int, str | None]:
         return {i: gpu.core.running for i, gpu in self._gpus.items()}
 
-    # --- GroupSink ---
+    # --- what it observes: the GroupTracker and the Manager ---
 
-    def group_created(self, group: Group) -> None:
-        self._schedule(group)
+    def notify(self, event: GroupEvent | ManagerEvent) -> None:
+        match event:
+            case GroupLearned(group):
+                self._schedule(group)
+            case GroupForgotten(group):
+                self._unschedule(group)
+            case GroupPauseChanged(group, paused):
+                self._paused(group, paused)
+            case TenantsChanged(added, removed):
+                self._tenants_changed(added, removed)
+            case TenantChanged(name, fields):
+                self._tenant_changed(name, fields)
+            case SettingsChanged():
+                self._settings_changed()
+            case QuotaExceeded():
+                pass
 
-    def group_freed(self, group: Group) -> None:
-        self._unschedule(group)
-
-    def group_paused(self, group: Group, paused: bool) -> None:
+    def _paused(self, group: Group, paused: bool) -> None:
         if paused:  # off for good first: whatever unscheduling it plans comes after
             self._submit([Sched(group.ctx, group.client, group.handle, SchedState.OWNER_OFF)])
             self._unschedule(group)
@@ -260,9 +271,7 @@ class SchedulerService:
             del gpu.groups[group.tenant]
             self._set_runnable(gpu, group.tenant, False)
 
-    # --- Manager Listener ---
-
-    def tenants_changed(self, added: Sequence[str], removed: Sequence[str]) -> None:
+    def _tenants_changed(self, added: Sequence[str], removed: Sequence[str]) -> None:
         tenants = {t.name: t for t in self.manager.tenants}
         for name in removed:  # the Manager removes no tenant with open contexts
             self._tenants.pop(name, None)
@@ -277,7 +286,7 @@ class SchedulerService:
             for gpu in self._gpus.values():
                 self._handle(gpu, self._added(tenant))
 
-    def tenant_changed(self, name: str, fields: frozenset[str]) -> None:
+    def _tenant_changed(self, name: str, fields: frozenset[str]) -> None:
         if not fields & _SCHED_FIELDS or name not in self._tenants:
             return
         tenant = self.manager.tenant(name)
@@ -293,14 +302,11 @@ class SchedulerService:
             for event in events:
                 self._handle(gpu, event)
 
-    def settings_changed(self) -> None:
+    def _settings_changed(self) -> None:
         frame_us = self.manager.config.daemon.frame_ms * 1000
         if frame_us != self.config.frame_us:
             log.warning("scheduler: frame_ms changes apply at the next start (now %d us)",
                         self.config.frame_us)
-
-    def quota_exceeded(self, denied: Denied) -> None:
-        pass
 
     # --- the cores ---
 
@@ -319,7 +325,7 @@ class SchedulerService:
     def _cap(self, tenant: Tenant, *, warn: bool = False) -> int | None:
         """The tenant's cap, raised to what one min slot per frame needs."""
         cap = tenant.cap
-        low = -(-100 * self.config.min_slot_us // self.config.frame_us)
+        low = self.config.cap_floor
         if cap is None or cap >= low:
             return cap
         if warn:
@@ -383,7 +389,7 @@ class SchedulerService:
     def _actuate(self, actions: list[Action]) -> None:
         entries = []
         for action in actions:
-            on = type(action) is GroupsOn
+            on = isinstance(action, GroupsOn)
             for gid in action.groups:
                 group = self._groups.get(gid)
                 if group is not None:
@@ -413,6 +419,15 @@ class SchedulerService:
         self.stats.latency_ns.append(self._clock() - decided)
 
     # --- activity and shares ---
+
+    async def _run(self) -> None:
+        try:
+            async with asyncio.TaskGroup() as loops:
+                if self.activity is not None:
+                    loops.create_task(self._poll_loop(self.activity))
+                loops.create_task(self._share_loop())
+        except Exception:
+            log.exception("scheduler: polling stopped")
 
     async def _poll_loop(self, source: ActivitySource) -> None:
         while True:
@@ -478,29 +493,7 @@ class SchedulerService:
         self._shares, self._measured = shares, measured
         changed &= self._tenants.keys()
         if changed:
-            for listener in self.share_listeners:
-                listener.shares_changed(sorted(changed))
-
-
-def target_shares(tenants: Mapping[str, tuple[int, int | None]]) -> dict[str, float]:
-    """Percent of GPU time for runnable tenants {name: (weight, cap)}: by weight,
-    each capped, what a cap leaves going to the others by weight (water-filling)."""
-    left = {t: w for t, (w, _) in tenants.items() if w > 0}
-    shares = dict.fromkeys(tenants, 0.0)
-    budget = 100.0
-    while left:
-        total = sum(left.values())
-        over = {t for t, w in left.items()
-                if (cap := tenants[t][1]) is not None and budget * w / total > cap}
-        if not over:
-            for t, w in left.items():
-                shares[t] = budget * w / total
-            break
-        for t in over:
-            shares[t] = float(tenants[t][1])  # type: ignore[arg-type]
-            budget -= shares[t]
-            del left[t]
-    return shares
+            self.observers.notify(SharesChanged(tuple(sorted(changed))))
 
 
 def _config(frame_ms: int) -> TdmaConfig:
@@ -518,12 +511,3 @@ def _percentiles(samples_ns: Sequence[int]) -> dict[str, float]:
     ordered = sorted(samples_ns)
     pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000  # noqa: E731
     return {"n": len(ordered), "p50": pick(0.5), "p99": pick(0.99), "max": ordered[-1] / 1000}
-
-
-def build(manager: Manager, quota: TenantPolicy, tracker: GroupTracker | None = None,
-          ) -> tuple[SchedPolicy, SchedulerService]:
-    """The scheduling layer over the quota policy: its policy and its service,
-    over ``tracker`` (with the groups the charge journal restored) or a new one."""
-    tracker = GroupTracker() if tracker is None else tracker
-    activity = choose_source([gpu.index for gpu in manager.gpus])
-    return SchedPolicy(quota, tracker), SchedulerService(manager, tracker, activity=activity)

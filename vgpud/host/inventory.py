@@ -31,9 +31,17 @@ MIB = 1 << 20
 
 
 class GpuInfo(NamedTuple):
-    index: int
+    number: int  # the NVML index, the N of /dev/nvidiaN
     name: str
     total: int  # bytes
+
+
+def import_nvml() -> Any:
+    """pynvml (nvidia-ml-py), imported on first use rather than at the top: only
+    hosts without nvsim need it, and it costs about 200 ms and 3 MiB to load."""
+    import pynvml
+
+    return pynvml
 
 
 def _param(sys_module: Path, module: str, name: str) -> str | None:
@@ -63,7 +71,7 @@ def from_nvml(nvml: Any = None) -> list[GpuInfo]:
     """The NVML devices; empty (with a clear log line) when NVML cannot answer."""
     if nvml is None:
         try:
-            import pynvml as nvml
+            nvml = import_nvml()
         except ImportError:
             log.warning("inventory: nvidia-ml-py (pynvml) is not installed: no GPUs")
             return []

@@ -29,8 +29,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from vgpud.config import DEFAULT_STATE_PATH, describe
 from vgpud.core.tenants import Tenant, TenantName
+from vgpud.store.config import DEFAULT_STATE_PATH, describe
 
 CHANGEABLE = frozenset({"memory", "weight", "cap", "priority"})
 

@@ -13,6 +13,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
+from collections.abc import Callable
 
 __all__ = ["ProcessMemory"]
 
@@ -24,7 +25,7 @@ class _IoVec(ctypes.Structure):
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
-def _bind(name: str) -> ctypes._CFuncPtr:
+def _bind(name: str) -> Callable[..., int]:
     func = getattr(_libc, name)
     func.argtypes = (ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
                      ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong)

@@ -3,8 +3,6 @@
     [daemon]
     default_tenant = "shared"      # openers matching no tenant; unset: refuse (EACCES)
     admin_group = "vgpu-admin"     # may change tenants at runtime
-    fail_open = false              # daemon absent or late: forward (true) or refuse
-    upcall_timeout_ms = 1000
     frame_ms = 100                 # TDMA frame length
     state_path = "/var/lib/vgpud/state.json"
     charges_path = "/run/vgpud/charges"   # charge journal (a tmpfs: kept across restarts)
@@ -22,6 +20,10 @@
 
 Tenant order matters: an opener gets the first tenant with a matching rule.
 Unknown keys are errors; every error names the file, the key and the problem.
+What happens while no daemon answers (the fail policy, the upcall timeout)
+is the vgpu module's to decide, through its parameters: ``daemon.fail_open``
+and ``daemon.upcall_timeout_ms``, which vgpud once accepted without applying,
+are refused with a message that names the parameter to set instead.
 """
 
 from __future__ import annotations
@@ -52,14 +54,15 @@ class ConfigError(Exception):
 
 _Ms = Annotated[int, Field(strict=True, ge=1, le=60_000)]
 
+# [daemon] keys that are the module's parameters, not vgpud's settings.
+_MODULE_PARAMETERS = ("fail_open", "upcall_timeout_ms")
+
 
 class DaemonSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     default_tenant: TenantName | None = None
     admin_group: str = "vgpu-admin"
-    fail_open: Annotated[bool, Field(strict=True)] = False
-    upcall_timeout_ms: _Ms = 1000
     frame_ms: _Ms = 100
     state_path: Path = DEFAULT_STATE_PATH
     charges_path: Path = DEFAULT_CHARGES_PATH
@@ -87,6 +90,7 @@ def parse_config(text: str, file: Path | str = "<config>") -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(file, "", f"invalid TOML: {e}") from e
+    _check_module_parameters(data, file)
     try:
         config = Config.model_validate(data)
     except ValidationError as e:
@@ -104,6 +108,17 @@ def describe(error: ValidationError) -> tuple[str, str]:
     if first["type"] == "extra_forbidden":
         return key, "unknown key"
     return key, first["msg"].removeprefix("Value error, ")
+
+
+def _check_module_parameters(data: dict[str, object], file: Path | str) -> None:
+    daemon = data.get("daemon")
+    for name in _MODULE_PARAMETERS:
+        if isinstance(daemon, dict) and name in daemon:
+            raise ConfigError(
+                file, f"daemon.{name}",
+                f"not a vgpud setting: the vgpu module's parameter {name} decides (options "
+                f"vgpu {name}=... in /etc/modprobe.d/vgpu.conf, or live in "
+                f"/sys/module/vgpu/parameters/{name})")
 
 
 def _check_consistency(config: Config, file: Path | str) -> None:

@@ -5,74 +5,14 @@ verdicts it returns; it reads tenants and limits from the Manager (which owns
 the ledger's limits, so live changes need nothing here) and keeps the ledger's
 contexts, reservations, charges and object tree up to date.
 
-How each call is handled (the filter below selects exactly these; every rule
-but FB_GET_INFO_V2's asks for shadow calls, VGPU_RULE_F_SHADOW, so that a
-caller's thread cannot change a size, handle or device id between the
-decision and the driver's read):
-
-- OPEN (VGPU_FILTER_OPEN): the opener is resolved to a tenant (binding, rule,
-  default); none: DENY(EACCES). Otherwise the context is opened in the ledger.
-  CLOSE events close it: its reservations and objects go back.
-- RM_ALLOC of NV01_MEMORY_LOCAL_USER / _PRIVILEGED (NVOS21 or NVOS64): the size
-  of NV_MEMORY_ALLOCATION_PARAMS (the rule's copied buffer), rounded up to
-  4 KiB, is reserved on the allocation's GPU; over the limit the call fails as
-  a real out-of-memory (FAIL_STATUS NV_ERR_NO_MEMORY at the struct's status)
-  and Manager.quota_exceeded is told. The POST event commits the reservation
-  to the new handle (status 0 and ret 0) or releases it.
-  Alloc params that the module could not copy get the status the driver
-  itself would answer (rmapiParamsAcquire, as nvsim mirrors it): a fault
-  NV_ERR_INVALID_ADDRESS, a block over VGPU_PARAMS_MAX or of the wrong size
-  NV_ERR_INVALID_PARAM_STRUCT, no pointer NV_ERR_INVALID_ARGUMENT. A size we
-  cannot read is never admitted.
-- RM_ALLOC of root clients (0x41), devices (0x80) and subdevices (0x2080):
-  tracked on their POST event as uncharged objects of the tree, so that a
-  free of an ancestor (or of the client) cascades; a device records its GPU
-  in the ledger (NV0080_ALLOC_PARAMETERS.deviceId), a subdevice inherits its
-  device's.
-- The GPU of an allocation is its parent's (device or subdevice); when the
-  parent is unknown (not seen since the daemon started): the node's minor on
-  a GPU node, else the tenant's first allowed GPU of the inventory.
-  RM deviceId is taken to be the inventory index (true of nvsim; on real
-  hosts RM device instances and NVML indexes both follow PCI order).
-- RM_ALLOC_MEMORY (nvidiaN, classes 0x40 / 0x3F) charges limit + 1 bytes on
-  its parent's GPU (else the node's minor). RM_VID_HEAP_CONTROL ALLOC_SIZE
-  charges AllocSize.size (not NVOS32_ALLOC_FLAGS_VIRTUAL ranges); FREE frees.
-- RM_FREE, on POST success, frees the object and its subtree (an unknown
-  handle is ignored: it was never charged or tracked). RM_DUP_OBJECT of a
-  known object, on POST success, makes a second handle to the same charge.
-- FB_GET_INFO_V2 (control 0x20801303, its params are the rule's buffer) of a
-  tenant with a memory limit, on a subdevice whose GPU is known: ALLOW with
-  F_POST; the POST upcall rewrites RAM_SIZE, TOTAL_RAM_SIZE, HEAP_SIZE and
-  USABLE_RAM_SIZE to the limit and HEAP_FREE to limit - usage (KiB, floor 0),
-  and answers REPLY with the rewritten buffer (VGPU_A_DATA).
-- FB_GET_INFO (0x20801301): the same figures, but its list sits behind a
-  pointer inside the control params, two levels from the ioctl params, out of
-  reach of the module. At the POST upcall, while the caller is blocked on it,
-  the list (at most 128 entries) is read from the caller's memory
-  (``memory``: process_vm_readv on the caller's tgid), rewritten by the same
-  code and written back; ALLOW. A caller gone, a bad pointer or no right to
-  its memory leave the driver's answer (logged).
-- RM_VID_HEAP_CONTROL INFO: ALLOW with F_POST as above; the POST upcall
-  REPLYs with params whose total is the limit and free is limit - usage, in
-  bytes rounded down to KiB as the driver's are, and whose largest free block
-  is no larger than that free.
-- MMAP of nvidia-uvm (VGPU_FILTER_UVM_MMAP), by the tenant's `uvm`: deny ->
-  DENY(ENOMEM); allow -> ALLOW; count -> the mapping's length (rounded to
-  4 KiB) is charged at once, on the tenant's first allowed GPU of the
-  inventory (managed memory has no GPU of its own), until the file closes
-  (munmap is not visible to the module).
-
-A restarted daemon gets the ledger replayed from the charge journal
-(vgpud.journal): contexts, objects and charges of before, which this policy
-takes over (``restored``); ``reconcile`` then closes those the module no
-longer lists. A context without a record (the journal was lost) is learned
-lazily, from the opener identity in the first upcall header seen for it: the
-header has no cgroup path, so the path is looked up by cgroup id through the
-``cgroup_path`` callable when one is given (else cgroup rules see an empty
-path, and only uid/pid bindings and the default tenant can match). Memory
-such a context allocated before the restart is not known: it is not charged,
-and frees of it are ignored. Calls in flight while no daemon ran (their POST
-events were lost) are not known either.
+Why it works this way: an allocation is reserved before the driver sees it
+(so two concurrent ones cannot pass on the same free bytes) and committed or
+released on its POST event; every rule whose call it charges, tracks or frees
+asks for shadow calls, so a caller's thread cannot change a size, handle or
+device id between the decision and the driver's read; a refusal looks like a
+real out-of-memory (FAIL_STATUS NV_ERR_NO_MEMORY); a tenant with a limit sees
+its limit as the GPU's memory. What each call does is in docs/architecture.md
+(The quota policy, call by call).
 """
 
 from __future__ import annotations
@@ -83,10 +23,10 @@ import struct
 from collections.abc import Callable, Iterable
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from vgpud.admin.manager import Manager
 from vgpud.core.ledger import (
-    CHARGED_CLASSES,
     Denied,
     Key,
     Ledger,
@@ -112,6 +52,7 @@ from vgpud.kernel.uapi import (
 )
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import (
+    DEVICE_MEMORY_CLASSES,
     FB_INFO_MAX_LIST_SIZE,
     NVOS32_ALLOC_FLAGS_VIRTUAL,
     Ctrl,
@@ -134,7 +75,8 @@ from vgpud.nvidia.layouts import (
     rewrite_fb_info_v2,
     rewrite_vid_heap_info,
 )
-from vgpud.nvidia.rules import (
+from vgpud.policy.base import Request
+from vgpud.policy.rules import (
     rm_alloc_classes,
     rm_alloc_memory_classes,
     rm_control_cmds,
@@ -142,10 +84,6 @@ from vgpud.nvidia.rules import (
     rm_free,
     rm_vid_heap_functions,
 )
-
-if TYPE_CHECKING:
-    from vgpud.manager import Manager
-    from vgpud.policy import Request
 
 __all__ = ["PAGE_SIZE", "CallerMemory", "QuotaPolicy"]
 
@@ -163,7 +101,7 @@ DENY_EINVAL = Verdict.deny(errno.EINVAL)
 _MISSING = object()
 _U32 = struct.Struct("=I")
 # Where the result (status) and the new handle lie after the call, by (escape, size).
-_NEW_HANDLE = {
+_NEW_HANDLE: dict[tuple[int, int], int] = {
     (Escape.RM_ALLOC, L.NVOS21.size): L.NVOS21.offsets["hObjectNew"],
     (Escape.RM_ALLOC, L.NVOS64.size): L.NVOS64.offsets["hObjectNew"],
     (Escape.RM_ALLOC_MEMORY, L.NVOS02_WITH_FD.size): L.NVOS02_WITH_FD.offsets["hObjectNew"],
@@ -235,7 +173,7 @@ _Pending = _Charge | _Track | _Free | _Dup | _FbView | _HeapInfo
 
 
 class CallerMemory(Protocol):
-    """Access to a blocked caller's memory (vgpud.procmem.ProcessMemory)."""
+    """Access to a blocked caller's memory (vgpud.host.procmem.ProcessMemory)."""
 
     def read(self, pid: int, address: int, size: int) -> bytes: ...
 
@@ -271,7 +209,7 @@ class QuotaPolicy:
     # --- Policy ---
 
     def filter(self) -> Filter:
-        charged = sorted(CHARGED_CLASSES)
+        charged = sorted(DEVICE_MEMORY_CLASSES)
         return Filter(
             flags=FILTER_OPEN | FILTER_UVM_MMAP,
             rules=(
@@ -300,22 +238,21 @@ class QuotaPolicy:
             return DENY_EACCES
         if upcall.kind is UpcallKind.MMAP:
             return self._mmap(upcall, tenant, request.call)
-        call = request.call
-        kind = type(call)
-        if kind is RmAlloc:
-            return self._rm_alloc(upcall, tenant, call)  # type: ignore[arg-type]
-        if kind is RmFree:
-            return self._rm_free(upcall, call)  # type: ignore[arg-type]
-        if kind is RmDupObject:
-            return self._rm_dup(upcall, call)  # type: ignore[arg-type]
-        if kind is RmAllocMemory:
-            return self._rm_alloc_memory(upcall, tenant, call)  # type: ignore[arg-type]
-        if kind is VidHeapControl:
-            return self._vid_heap(upcall, tenant, call)  # type: ignore[arg-type]
-        if kind is RmControl:
-            return self._control(upcall, tenant, call)  # type: ignore[arg-type]
-        if call is None and upcall.nr == Escape.RM_ALLOC:
-            return self._undecodable_alloc(upcall)
+        match request.call:
+            case RmAlloc() as call:
+                return self._rm_alloc(upcall, tenant, call)
+            case RmFree() as call:
+                return self._rm_free(upcall, call)
+            case RmDupObject() as call:
+                return self._rm_dup(upcall, call)
+            case RmAllocMemory() as call:
+                return self._rm_alloc_memory(upcall, tenant, call)
+            case VidHeapControl() as call:
+                return self._vid_heap(upcall, tenant, call)
+            case RmControl() as call:
+                return self._control(upcall, tenant, call)
+            case None if upcall.nr == Escape.RM_ALLOC:
+                return self._undecodable_alloc(upcall)
         return ALLOW
 
     def decide_post(self, request: Request) -> Verdict:
@@ -324,11 +261,11 @@ class QuotaPolicy:
         pending = self._pending.pop(upcall.id, None)
         if pending is None:
             return ALLOW
-        kind = type(pending)
-        if kind is _FbView:
-            return self._fb_view(upcall, pending)  # type: ignore[arg-type]
-        if kind is _HeapInfo:
-            return self._heap_info(upcall, pending)  # type: ignore[arg-type]
+        match pending:
+            case _FbView():
+                return self._fb_view(upcall, pending)
+            case _HeapInfo():
+                return self._heap_info(upcall, pending)
         self._complete(pending, upcall.nr, upcall.ret, upcall.params)
         return ALLOW
 
@@ -345,12 +282,13 @@ class QuotaPolicy:
         return gone
 
     def on_event(self, event: Event) -> None:
-        if type(event) is PostEvent:
-            pending = self._pending.pop(event.upcall_id, None)
-            if pending is not None:
-                self._complete(pending, event.nr, event.ret, event.params)
-        elif type(event) is CloseEvent:
-            self._close(event.ctx_id)
+        match event:
+            case PostEvent():
+                pending = self._pending.pop(event.upcall_id, None)
+                if pending is not None:
+                    self._complete(pending, event.nr, event.ret, event.params)
+            case CloseEvent():
+                self._close(event.ctx_id)
 
     # --- what other policies built on this one read (vgpud.sched) ---
 
@@ -377,9 +315,10 @@ class QuotaPolicy:
         return ALLOW
 
     def _tenant_of(self, upcall: Upcall) -> str | None:
-        name = self._contexts.get(upcall.ctx_id, _MISSING)
-        if name is not _MISSING:
-            return name  # type: ignore[return-value]
+        try:
+            return self._contexts[upcall.ctx_id]
+        except KeyError:
+            pass
         # Opened before this daemon started: learn it from the header.
         o = upcall.opener
         path = self._cgroup_path(o.cgroup_id) if self._cgroup_path is not None else None
@@ -425,17 +364,17 @@ class QuotaPolicy:
 
     def _rm_alloc(self, upcall: Upcall, tenant: str, call: RmAlloc) -> Verdict:
         h_class = call.h_class
-        if h_class in CHARGED_CLASSES:
+        if h_class in DEVICE_MEMORY_CLASSES:
             alloc = call.alloc
-            if type(alloc) is not MemoryAllocParams:
+            if not isinstance(alloc, MemoryAllocParams):
                 return Verdict.fail_status(_params_status(upcall, call.p_alloc_params,
                                                           call.params_size), call.status_off)
             return self._reserve(upcall, tenant, call.h_root, call.h_parent, call.h_new,
-                                 alloc.size, call.status_off)  # type: ignore[union-attr]
+                                 alloc.size, call.status_off)
         if h_class in TREE_CLASSES:
             gpu = None
-            if type(call.alloc) is DeviceAllocParams:
-                gpu = call.alloc.device_id  # type: ignore[union-attr]
+            if isinstance(call.alloc, DeviceAllocParams):
+                gpu = call.alloc.device_id
             self._pending[upcall.id] = _Track(upcall.ctx_id, h_class, call.h_root,
                                               call.h_parent, gpu)
         return ALLOW
@@ -447,12 +386,12 @@ class QuotaPolicy:
         if status_off is None:
             return ALLOW  # not NVOS21/NVOS64: the driver refuses it
         h_class = _U32.unpack_from(params, L.NVOS21.offsets["hClass"])[0]
-        if h_class not in CHARGED_CLASSES:
+        if h_class not in DEVICE_MEMORY_CLASSES:
             return ALLOW
         return Verdict.fail_status(_params_status(upcall, 1, 1), status_off)
 
     def _rm_alloc_memory(self, upcall: Upcall, tenant: str, call: RmAllocMemory) -> Verdict:
-        if call.h_class not in CHARGED_CLASSES or call.limit >= 2**64 - 1:
+        if call.h_class not in DEVICE_MEMORY_CLASSES or call.limit >= 2**64 - 1:
             return ALLOW  # the driver refuses an all-ones limit (NV_ERR_INVALID_LIMIT)
         return self._reserve(upcall, tenant, call.h_root, call.h_parent, call.h_new,
                              call.limit + 1, L.NVOS02_WITH_FD.offsets["status"])
@@ -481,12 +420,12 @@ class QuotaPolicy:
             log.warning("upcall %d: %s on GPU %d not accounted (%r): refused",
                         upcall.id, tenant, gpu, exc)
             return Verdict.fail_status(NvStatus.NO_MEMORY, status_off)
-        if type(result) is Denied:
+        if isinstance(result, Denied):
             log.info("quota: %s asked %d bytes on GPU %d, %d of %d used: refused",
                      tenant, result.size, gpu, result.used, result.limit)
             self.manager.quota_exceeded(result)
             return Verdict.fail_status(NvStatus.NO_MEMORY, status_off)
-        self._pending[upcall.id] = _Charge(upcall.ctx_id, result, client)  # type: ignore[arg-type]
+        self._pending[upcall.id] = _Charge(upcall.ctx_id, result, client)
         return ALLOW
 
     def _gpu_for(self, parent: Key, tenant: str, upcall: Upcall) -> int:
@@ -531,35 +470,27 @@ class QuotaPolicy:
 
     def _apply(self, pending: _Pending, ok: bool, nr: int, params: bytes) -> None:
         ledger = self.ledger
-        kind = type(pending)
-        if kind is _Charge:
-            r = pending.reservation  # type: ignore[union-attr]
-            handle = _new_handle(nr, params) if ok else 0
-            if handle:
-                try:
-                    ledger.commit(r, Key(pending.client, handle))  # type: ignore[union-attr]
-                except LedgerError:
+        match pending:
+            case _Charge(reservation=r):
+                handle = _new_handle(nr, params) if ok else 0
+                if handle:
+                    try:
+                        ledger.commit(r, Key(pending.client, handle))
+                    except LedgerError:
+                        ledger.release(r)
+                        raise
+                else:
                     ledger.release(r)
-                    raise
-            else:
-                ledger.release(r)
-            self.manager.usage_changed(r.tenant)
-            return
-        if not ok:
-            return
-        if kind is _Free:
-            freed = ledger.free(pending.key)  # type: ignore[union-attr]
-            for tenant in {r.tenant for r in freed.released}:
-                self.manager.usage_changed(tenant)
-        elif kind is _Track:
-            self._track(pending, _new_handle(nr, params))  # type: ignore[arg-type]
-        elif kind is _Dup:
-            handle = _new_handle(nr, params)
-            if not handle:
-                return
-            p: _Dup = pending  # type: ignore[assignment]
-            key, parent = Key(p.client, handle), Key(p.client, p.parent)
-            ledger.dup(p.ctx, key, p.source, parent if parent in ledger else None)
+                self.manager.usage_changed(r.tenant)
+            case _Free() if ok:
+                freed = ledger.free(pending.key)
+                for tenant in {r.tenant for r in freed.released}:
+                    self.manager.usage_changed(tenant)
+            case _Track() if ok:
+                self._track(pending, _new_handle(nr, params))
+            case _Dup() if ok and (handle := _new_handle(nr, params)):
+                key, parent = Key(pending.client, handle), Key(pending.client, pending.parent)
+                ledger.dup(pending.ctx, key, pending.source, parent if parent in ledger else None)
 
     def _track(self, pending: _Track, handle: int) -> None:
         if not handle:
@@ -615,7 +546,7 @@ class QuotaPolicy:
         usage = self._usage(upcall, pending)
         if data is None or usage is None:
             return ALLOW
-        values = dict.fromkeys(FB_LIMIT_INDEXES, usage.limit // 1024)
+        values: dict[int, int] = dict.fromkeys(FB_LIMIT_INDEXES, usage.limit // 1024)
         values[FbInfoIndex.HEAP_FREE] = usage.free // 1024
         if len(data) == L.NV2080_CTRL_FB_GET_INFO_PARAMS.size:
             self._fb_list(upcall, data, values)
@@ -658,17 +589,17 @@ class QuotaPolicy:
             return ALLOW
         if uvm is UvmPolicy.DENY:
             return DENY_ENOMEM
-        if type(call) is not MmapParams:
+        if not isinstance(call, MmapParams):
             return DENY_EINVAL
         gpu = self._first_gpu(tenant)
         ledger = self.ledger
         try:
-            result = ledger.reserve(upcall.ctx_id, gpu, page_round(call.length))  # type: ignore[attr-defined]
-            if type(result) is Denied:
+            result = ledger.reserve(upcall.ctx_id, gpu, page_round(call.length))
+            if isinstance(result, Denied):
                 self.manager.quota_exceeded(result)
                 return DENY_ENOMEM
             # Key(0, id): client handle 0 is never an RM client; upcall ids are unique.
-            ledger.commit(result, Key(0, upcall.id))  # type: ignore[arg-type]
+            ledger.commit(result, Key(0, upcall.id))
         except LedgerError as exc:
             log.warning("uvm mmap of %s not accounted: %r", tenant, exc)
             return DENY_ENOMEM

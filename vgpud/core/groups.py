@@ -7,6 +7,8 @@ away with its own free, its device's, its client's, or its context's close.
 
 A group its owner turned off (GPFIFO_SCHEDULE off) is paused: it stays known,
 but is not the scheduler's to turn on until its owner turns it on again.
+The tracker tells its observers each group it learns (GroupLearned), forgets
+(GroupForgotten) or whose owner pauses or resumes it (GroupPauseChanged).
 """
 
 from __future__ import annotations
@@ -14,9 +16,18 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Protocol
 
-__all__ = ["Group", "GroupSink", "GroupTracker", "group_id"]
+from vgpud.core.observers import Topic
+
+__all__ = [
+    "Group",
+    "GroupEvent",
+    "GroupForgotten",
+    "GroupLearned",
+    "GroupPauseChanged",
+    "GroupTracker",
+    "group_id",
+]
 
 
 def group_id(client: int, handle: int) -> int:
@@ -39,16 +50,27 @@ class Group:
         return group_id(self.client, self.handle)
 
 
-class GroupSink(Protocol):
-    """Hears about groups as the tracker learns and forgets them."""
+@dataclass(frozen=True, slots=True)
+class GroupLearned:
+    group: Group
 
-    def group_created(self, group: Group) -> None: ...
 
-    def group_freed(self, group: Group) -> None: ...
+@dataclass(frozen=True, slots=True)
+class GroupForgotten:
+    """Freed, or its context closed."""
 
-    def group_paused(self, group: Group, paused: bool) -> None:
-        """Its owner turned it off (paused) or on again (not paused)."""
-        ...
+    group: Group
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPauseChanged:
+    """Its owner turned it off (paused) or on again (not paused)."""
+
+    group: Group
+    paused: bool
+
+
+GroupEvent = GroupLearned | GroupForgotten | GroupPauseChanged
 
 
 class GroupTracker:
@@ -57,7 +79,7 @@ class GroupTracker:
         self._view = MappingProxyType(self._groups)
         self._by_client: dict[int, set[int]] = {}  # client -> group ids
         self._paused: set[int] = set()  # group ids
-        self.sinks: list[GroupSink] = []
+        self.observers: Topic[GroupEvent] = Topic()
 
     def __len__(self) -> int:
         return len(self._groups)
@@ -83,8 +105,7 @@ class GroupTracker:
             self._drop(old)
         self._groups[group.id] = group
         self._by_client.setdefault(group.client, set()).add(group.id)
-        for sink in self.sinks:
-            sink.group_created(group)
+        self.observers.notify(GroupLearned(group))
 
     def paused(self, group: Group) -> bool:
         return group.id in self._paused
@@ -97,8 +118,7 @@ class GroupTracker:
             self._paused.add(group.id)
         else:
             self._paused.discard(group.id)
-        for sink in self.sinks:
-            sink.group_paused(group, paused)
+        self.observers.notify(GroupPauseChanged(group, paused))
 
     def freed(self, client: int, handle: int) -> list[Group]:
         """RM_FREE of (client, handle) succeeded: the groups it took with it."""
@@ -123,5 +143,4 @@ class GroupTracker:
         ids.discard(group.id)
         if not ids:
             del self._by_client[group.client]
-        for sink in self.sinks:
-            sink.group_freed(group)
+        self.observers.notify(GroupForgotten(group))

@@ -1,18 +1,18 @@
-"""The charge journal: a restarted daemon keeps the charges and the channel
-groups of live contexts.
+"""The charge and group journal: a restarted daemon keeps the charges and the
+channel groups of live contexts.
 
-The ledger reports each durable change (vgpud.core.ledger.Change: a context
-opened or closed, an object tracked, charged, duplicated or freed). This
-adapter appends each one as a line, with one write(), to a file in a runtime
-directory (``daemon.charges_path``, default /run/vgpud/charges: a tmpfs, which
-survives the daemon but not a reboot, as the contexts it describes do). There
-is no fsync: what a killed process has written is already in the page cache.
-The scheduler's GroupTracker (vgpud.sched.groups) is followed the same way,
-in the same file: this journal is one of its sinks, and each group created,
-gone, paused or resumed is a line. When the appended lines outnumber both a
-floor and GROWTH times the live state (the ledger's and the groups'), the
-file is compacted: the current state goes to a temp file that is renamed
-over it (so the file stays under GROWTH + 1 times the state).
+The ledger tells each durable change to its observers (vgpud.core.ledger.Change:
+a context opened or closed, an object tracked, charged, duplicated or freed).
+This journal, one of them, appends each one as a line, with one write(), to a
+file in a runtime directory (``daemon.charges_path``, default
+/run/vgpud/charges: a tmpfs, which survives the daemon but not a reboot, as
+the contexts it describes do). There is no fsync: what a killed process has
+written is already in the page cache. The scheduler's GroupTracker
+(vgpud.core.groups) is observed the same way, in the same file: each group
+created, gone, paused or resumed is a line. When the appended lines
+outnumber both a floor and GROWTH times the live state (the ledger's and the
+groups'), the file is compacted: the current state goes to a temp file that
+is renamed over it (so the file stays under GROWTH + 1 times the state).
 
 At start, ``resume`` replays the journal into a fresh ledger (whose limits the
 config has set), then puts back in the tracker the groups whose context the
@@ -53,6 +53,15 @@ from itertools import chain
 from pathlib import Path
 from typing import NamedTuple
 
+from vgpud.core.groups import (
+    Group,
+    GroupEvent,
+    GroupForgotten,
+    GroupLearned,
+    GroupPauseChanged,
+    GroupTracker,
+    group_id,
+)
 from vgpud.core.ledger import (
     Change,
     Charged,
@@ -66,10 +75,9 @@ from vgpud.core.ledger import (
     Tracked,
 )
 from vgpud.core.tenants import validate_name
-from vgpud.sched.groups import Group, GroupTracker, group_id
 
 __all__ = [
-    "ChargeJournal",
+    "ChargeAndGroupJournal",
     "GroupAdded",
     "GroupPaused",
     "GroupRemoved",
@@ -166,33 +174,27 @@ def _key(key: Key | None) -> str:
 
 def encode(change: Record) -> bytes:
     """One journal line (with its newline) for a ledger or group change."""
-    kind = type(change)
-    if kind is Charged:
-        ctx, key, parent, tenant, gpu, size = change  # type: ignore[misc]
-        text = f"C {ctx} {key[0]} {key[1]} {_key(parent)} {tenant} {gpu} {size}"
-    elif kind is Removed:
-        key = change[0]  # type: ignore[index]
-        text = f"F {key[0]} {key[1]}"
-    elif kind is Tracked:
-        ctx, key, parent, gpu = change  # type: ignore[misc]
-        text = f"T {ctx} {key[0]} {key[1]} {_key(parent)} {_opt(gpu)}"
-    elif kind is Duped:
-        ctx, key, source, parent = change  # type: ignore[misc]
-        text = f"D {ctx} {key[0]} {key[1]} {source[0]} {source[1]} {_key(parent)}"
-    elif kind is Opened:
-        text = f"O {change[0]} {change[1]}"  # type: ignore[index]
-    elif kind is Closed:
-        text = f"X {change[0]}"  # type: ignore[index]
-    elif kind is GroupAdded:
-        g: Group = change[0]  # type: ignore[index, assignment]
-        text = f"G {g.ctx} {g.tenant} {g.gpu} {g.client} {g.handle} {g.parent} {g.tgid}"
-    elif kind is GroupRemoved:
-        text = f"R {change[0]} {change[1]}"  # type: ignore[index, misc]
-    elif kind is GroupPaused:
-        client, handle, paused = change  # type: ignore[misc]
-        text = f"P {client} {handle} {int(paused)}"
-    else:
-        raise TypeError(f"not a ledger or group change: {change!r}")
+    match change:
+        case Charged(ctx, key, parent, tenant, gpu, size):
+            text = f"C {ctx} {key[0]} {key[1]} {_key(parent)} {tenant} {gpu} {size}"
+        case Removed(key):
+            text = f"F {key[0]} {key[1]}"
+        case Tracked(ctx, key, parent, gpu):
+            text = f"T {ctx} {key[0]} {key[1]} {_key(parent)} {_opt(gpu)}"
+        case Duped(ctx, key, source, parent):
+            text = f"D {ctx} {key[0]} {key[1]} {source[0]} {source[1]} {_key(parent)}"
+        case Opened(ctx, tenant):
+            text = f"O {ctx} {tenant}"
+        case Closed(ctx):
+            text = f"X {ctx}"
+        case GroupAdded(g):
+            text = f"G {g.ctx} {g.tenant} {g.gpu} {g.client} {g.handle} {g.parent} {g.tgid}"
+        case GroupRemoved(client, handle):
+            text = f"R {client} {handle}"
+        case GroupPaused(client, handle, paused):
+            text = f"P {client} {handle} {int(paused)}"
+        case _:
+            raise TypeError(f"not a ledger or group change: {change!r}")
     return _line(text)
 
 
@@ -333,23 +335,23 @@ def replay_groups(tracker: GroupTracker, changes: Iterable[Record],
     paused: set[int] = set()
     skipped = 0
     for change in changes:
-        kind = type(change)
-        if kind is GroupAdded:
-            group: Group = change[0]  # type: ignore[index, assignment]
-            groups[group.id] = group
-            paused.discard(group.id)
-            continue
-        if kind is not GroupRemoved and kind is not GroupPaused:
-            continue
-        gid = group_id(change[0], change[1])  # type: ignore[index, arg-type]
+        match change:
+            case GroupAdded(group):
+                groups[group.id] = group
+                paused.discard(group.id)
+                continue
+            case GroupRemoved(client, handle) | GroupPaused(client, handle):
+                gid = group_id(client, handle)
+            case _:
+                continue
         if gid not in groups:
             skipped += 1
             if skipped <= _LOGGED:
                 log.warning("charge journal: %r is about no live group", change)
-        elif kind is GroupRemoved:
+        elif isinstance(change, GroupRemoved):
             del groups[gid]
             paused.discard(gid)
-        elif change[2]:  # type: ignore[misc]
+        elif change.paused:
             paused.add(gid)
         else:
             paused.discard(gid)
@@ -380,14 +382,15 @@ def group_changes(tracker: GroupTracker) -> Iterator[GroupChange]:
 # --- writing -----------------------------------------------------------------
 
 
-class ChargeJournal:
+class ChargeAndGroupJournal:
     """Appends a ledger's changes, and those of a group tracker if one is
-    given, to ``path`` (see the module doc); it is that tracker's GroupSink.
+    given, to ``path`` (see the module doc).
 
-    ``start`` writes the state as a fresh journal and subscribes to its
-    changes. A failed write never fails the ledger call it follows: it
-    is logged, and a compaction RETRY changes later rewrites the whole state,
-    which heals the journal.
+    ``start`` writes the state as a fresh journal; from then on it is to
+    observe the ledger and the tracker (``notify``), before anyone else acts
+    on their changes. A failed write never fails the ledger call it follows:
+    it is logged, and a compaction RETRY changes later rewrites the whole
+    state, which heals the journal.
     """
 
     def __init__(self, path: Path, identity: Identity, ledger: Ledger, *,
@@ -405,12 +408,14 @@ class ChargeJournal:
         self._bound = floor
         self._broken = True  # until the first compaction succeeds
         self._retry = 0
+        self._closed = False
 
     @classmethod
     def resume(cls, path: Path, ledger: Ledger, identity: Identity | None = None, *,
-               groups: GroupTracker | None = None) -> ChargeJournal | None:
+               groups: GroupTracker | None = None) -> ChargeAndGroupJournal | None:
         """Replay the journal at ``path`` into ``ledger`` and ``groups`` (an
-        empty tracker), then journal them afresh; None (logged) when it cannot
+        empty tracker), then journal them afresh (the caller subscribes it to
+        both); None (logged) when it cannot
         be written, or while another daemon holds it (its lock file, ``path``
         + ``.lock``)."""
         journal = cls(path, identity or current_identity(), ledger, groups=groups)
@@ -446,26 +451,25 @@ class ChargeJournal:
             raise OSError(errno.EBUSY, "held by another vgpud") from None
 
     def start(self) -> bool:
-        """Write the state as a fresh journal and follow its changes."""
-        if not self.compact():
-            return False
-        self.ledger.on_change = self.record
-        if self.groups is not None:
-            self.groups.sinks.insert(0, self)  # on file before anyone acts on it
-        return True
+        """Write the state as a fresh journal."""
+        return self.compact()
 
-    def group_created(self, group: Group) -> None:
-        self.record(GroupAdded(group))
-
-    def group_freed(self, group: Group) -> None:
-        self.record(GroupRemoved(group.client, group.handle))
-
-    def group_paused(self, group: Group, paused: bool) -> None:
-        self.record(GroupPaused(group.client, group.handle, paused))
+    def notify(self, event: Change | GroupEvent) -> None:
+        """A change of the ledger or of the tracker: one line, one write()."""
+        match event:
+            case GroupLearned(group):
+                self.record(GroupAdded(group))
+            case GroupForgotten(group):
+                self.record(GroupRemoved(group.client, group.handle))
+            case GroupPauseChanged(group, paused):
+                self.record(GroupPaused(group.client, group.handle, paused))
+            case _:
+                self.record(event)
 
     def record(self, change: Record) -> None:
-        """The ledger's listener (and the tracker's, through the GroupSink
-        methods): one line, one write()."""
+        """Append one line; nothing once closed."""
+        if self._closed:
+            return
         if self._broken:
             self._retry -= 1
             if self._retry <= 0:
@@ -524,11 +528,7 @@ class ChargeJournal:
 
     def close(self) -> None:
         """Stop journaling; the file stays for the next daemon."""
-        if self.ledger.on_change == self.record:
-            self.ledger.on_change = None
-        if self.groups is not None:
-            with suppress(ValueError):
-                self.groups.sinks.remove(self)
+        self._closed = True
         for fd in (self._fd, self._lock_fd):
             if fd >= 0:
                 os.close(fd)

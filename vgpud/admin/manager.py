@@ -2,7 +2,8 @@
 
 Every mutation validates first, persists the new runtime state atomically
 (save_state), and only then applies it, so a change that fails changes
-nothing. Listeners (the D-Bus service) hear about what changed.
+nothing. Its observers (the D-Bus service, the scheduler) hear what changed:
+TenantsChanged, TenantChanged, SettingsChanged and QuotaExceeded.
 
 The ledger holds one account per (tenant, GPU) of the inventory; its limit is
 what the tenant may hold there (Tenant.limit_for), 0 on GPUs the tenant may
@@ -12,28 +13,32 @@ can count them) and tells it when usage moved or an allocation was denied.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from pydantic import ValidationError
 
-from vgpud.config import Config, ConfigError, describe, load_config
 from vgpud.core.ledger import Denied, Freed, Ledger, UnknownTenant, Usage
+from vgpud.core.observers import Topic
 from vgpud.core.tenants import Tenant, validate_name
-from vgpud.state import CHANGEABLE, RuntimeState, save_state
+from vgpud.store.config import Config, ConfigError, describe, load_config
+from vgpud.store.state import CHANGEABLE, RuntimeState, save_state
 
 __all__ = [
     "AdminError",
     "Gpu",
     "InvalidArgument",
     "InvalidConfig",
-    "Listener",
     "Manager",
+    "ManagerEvent",
     "NoSuchTenant",
+    "QuotaExceeded",
+    "SettingsChanged",
     "TenantBusy",
+    "TenantChanged",
+    "TenantsChanged",
 ]
 
 # Fields create_tenant accepts (pids are bound with bind() instead), and those
@@ -75,18 +80,33 @@ class InvalidConfig(AdminError):
     """Reload found a bad config file; the last good one stays in force."""
 
 
-class Listener(Protocol):
-    def tenants_changed(self, added: Sequence[str], removed: Sequence[str]) -> None: ...
+@dataclass(frozen=True, slots=True)
+class TenantsChanged:
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
 
-    def tenant_changed(self, name: str, fields: frozenset[str]) -> None:
-        """`fields`: Tenant field names, or USAGE, CONTEXTS, BINDINGS."""
-        ...
 
-    def settings_changed(self) -> None:
-        """The [daemon] section may have changed (after a reload)."""
-        ...
+@dataclass(frozen=True, slots=True)
+class TenantChanged:
+    """``fields``: Tenant field names, or USAGE, CONTEXTS, BINDINGS."""
 
-    def quota_exceeded(self, denied: Denied) -> None: ...
+    name: str
+    fields: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class SettingsChanged:
+    """The [daemon] section changed (after a reload)."""
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaExceeded:
+    """Ledger.reserve answered Denied."""
+
+    denied: Denied
+
+
+ManagerEvent = TenantsChanged | TenantChanged | SettingsChanged | QuotaExceeded
 
 
 class Manager:
@@ -104,7 +124,7 @@ class Manager:
         self.config_path = Path(config_path)
         self.state_path = config.daemon.state_path
         self.gpus = tuple(sorted(Gpu(*gpu) for gpu in gpus))
-        self.listeners: list[Listener] = []
+        self.observers: Topic[ManagerEvent] = Topic()
         self._ledger = ledger
         self._config = config
         self._state = state
@@ -238,8 +258,7 @@ class Manager:
 
     def quota_exceeded(self, denied: Denied) -> None:
         """Call when Ledger.reserve answered Denied."""
-        for listener in self.listeners:
-            listener.quota_exceeded(denied)
+        self.observers.notify(QuotaExceeded(denied))
 
     # --- helpers ---
 
@@ -259,11 +278,10 @@ class Manager:
         old_bindings, old_settings = self.bindings, self._config.daemon
         self._config, self._state, self._tenants = config, state, tenants
         self._sync_ledger(old.keys() - new.keys())
-        added = [n for n in new if n not in old]
-        removed = [n for n in old if n not in new]
+        added = tuple(n for n in new if n not in old)
+        removed = tuple(n for n in old if n not in new)
         if added or removed:
-            for listener in self.listeners:
-                listener.tenants_changed(added, removed)
+            self.observers.notify(TenantsChanged(added, removed))
         bindings = self.bindings
         moved = {p for p in old_bindings.keys() | bindings.keys()
                  if old_bindings.get(p) != bindings.get(p)}
@@ -274,8 +292,7 @@ class Manager:
                 fields.add(BINDINGS)
             self._notify(name, fields)
         if config.daemon != old_settings:
-            for listener in self.listeners:
-                listener.settings_changed()
+            self.observers.notify(SettingsChanged())
 
     def _check_idle(self, name: str) -> None:
         contexts = self.contexts(name)
@@ -296,9 +313,7 @@ class Manager:
 
     def _notify(self, name: str, fields: set[str]) -> None:
         if fields:
-            frozen = frozenset(fields)
-            for listener in self.listeners:
-                listener.tenant_changed(name, frozen)
+            self.observers.notify(TenantChanged(name, frozenset(fields)))
 
 
 def _check_name(name: str) -> None:

@@ -30,6 +30,7 @@ import errno
 from dataclasses import dataclass
 from typing import Protocol
 
+from vgpud.core.groups import Group, GroupTracker
 from vgpud.core.ledger import Key
 from vgpud.kernel.codec import CloseEvent, Event, PostEvent, Upcall
 from vgpud.kernel.uapi import (
@@ -43,9 +44,8 @@ from vgpud.kernel.uapi import (
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Ctrl, Escape, NvClass, NvStatus
 from vgpud.nvidia.layouts import DecodeError, RmAlloc, RmControl, RmFree, decode_call
-from vgpud.nvidia.rules import rm_alloc_channel_groups, rm_control_cmds, rm_free
-from vgpud.policy import Policy, Request
-from vgpud.sched.groups import Group, GroupTracker
+from vgpud.policy.base import Policy, Request
+from vgpud.policy.rules import rm_alloc_channel_groups, rm_control_cmds, rm_free
 
 __all__ = ["SchedPolicy", "TenantPolicy"]
 
@@ -88,18 +88,18 @@ class SchedPolicy:
 
     def filter(self) -> Filter:
         filt = self.inner.filter()
-        extra = (*rm_alloc_channel_groups(post=True),
-                 rm_control_cmds([Ctrl.GPFIFO_SCHEDULE], shadow=True))
+        extra = [*rm_alloc_channel_groups(post=True),
+                 rm_control_cmds([Ctrl.GPFIFO_SCHEDULE], shadow=True)]
         if not any(r.nr == Escape.RM_FREE and r.post for r in filt.rules):
-            extra += (rm_free(post=True),)
-        return filt + Filter(rules=extra)
+            extra.append(rm_free(post=True))
+        return filt + Filter(rules=tuple(extra))
 
     def decide(self, request: Request) -> Verdict:
         upcall = request.upcall
         nr = upcall.nr
         if upcall.kind is UpcallKind.IOCTL and nr == Escape.RM_CONTROL:
             call = request.call
-            if type(call) is RmControl and call.cmd == Ctrl.GPFIFO_SCHEDULE:
+            if isinstance(call, RmControl) and call.cmd == Ctrl.GPFIFO_SCHEDULE:
                 group = self.tracker.get(call.h_client, call.h_object)
                 if group is not None:
                     return self._owner_schedule(upcall, call, group)
@@ -119,22 +119,24 @@ class SchedPolicy:
         try:
             self.inner.on_event(event)
         finally:
-            if type(event) is PostEvent:
-                self._complete(event.upcall_id, event.ret, event.params)
-            elif type(event) is CloseEvent:
-                self._close(event.ctx_id)
+            match event:
+                case PostEvent():
+                    self._complete(event.upcall_id, event.ret, event.params)
+                case CloseEvent():
+                    self._close(event.ctx_id)
 
     def _watch(self, upcall: Upcall, call: object) -> bool:
         """Note an allowed alloc or free; True for a tenant's channel-group alloc."""
-        if type(call) is RmAlloc and call.h_class == _TSG:
-            tenant = self.inner.context_tenant(upcall.ctx_id)
-            if tenant is not None:
-                gpu = self.inner.gpu_for(Key(call.h_root, call.h_parent), tenant, upcall)
-                self._pending[upcall.id] = _NewGroup(upcall.ctx_id, tenant, gpu, call.h_root,
-                                                     call.h_parent, upcall.opener.tgid)
-                return True
-        elif type(call) is RmFree and self.tracker.has_client(call.h_root):
-            self._pending[upcall.id] = _Free(upcall.ctx_id, call.h_root, call.h_object)
+        match call:
+            case RmAlloc(h_class=h_class) if h_class == _TSG:
+                tenant = self.inner.context_tenant(upcall.ctx_id)
+                if tenant is not None:
+                    gpu = self.inner.gpu_for(Key(call.h_root, call.h_parent), tenant, upcall)
+                    self._pending[upcall.id] = _NewGroup(upcall.ctx_id, tenant, gpu, call.h_root,
+                                                         call.h_parent, upcall.opener.tgid)
+                    return True
+            case RmFree(h_root=client) if self.tracker.has_client(client):
+                self._pending[upcall.id] = _Free(upcall.ctx_id, client, call.h_object)
         return False
 
     def _owner_schedule(self, upcall: Upcall, call: RmControl, group: Group) -> Verdict:
@@ -154,17 +156,18 @@ class SchedPolicy:
         pending = self._pending.pop(upcall_id, None)
         if pending is None or ret != 0:
             return
-        freed = type(pending) is _Free
+        nr = Escape.RM_FREE if isinstance(pending, _Free) else Escape.RM_ALLOC
         try:
-            result = decode_call(Escape.RM_FREE if freed else Escape.RM_ALLOC, params)
+            result = decode_call(nr, params)
         except DecodeError:
             return
-        if type(result) is RmFree and result.status == NvStatus.OK:
-            self.tracker.freed(pending.client, pending.handle)
-        elif type(result) is RmAlloc and result.status == NvStatus.OK and result.h_new:
-            p: _NewGroup = pending  # type: ignore[assignment]
-            self.tracker.add(Group(p.ctx, p.tenant, p.gpu, p.client, result.h_new, p.parent,
-                                   p.tgid))
+        match pending, result:
+            case _Free(), RmFree(status=NvStatus.OK):
+                self.tracker.freed(pending.client, pending.handle)
+            case _NewGroup(), RmAlloc(status=NvStatus.OK, h_new=handle) if handle:
+                p = pending
+                self.tracker.add(Group(p.ctx, p.tenant, p.gpu, p.client, handle, p.parent,
+                                       p.tgid))
 
     def _close(self, ctx: int) -> None:
         for upcall_id in [i for i, p in self._pending.items() if p.ctx == ctx]:

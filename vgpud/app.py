@@ -1,0 +1,206 @@
+"""The composition root: every part of the quota daemon is made and wired here.
+
+``build_quota`` reads the config and the runtime state, takes the GPU
+inventory and makes, in this order: the Ledger; the Manager over it; the
+GroupTracker; the journal, which replays into both what the previous daemon
+left; the QuotaPolicy, and the SchedPolicy over it (the policy the Dispatcher
+gets); the SchedulerService. Then it makes the subscriptions, each visible
+below (vgpud.core.observers: subjects never subscribe anyone):
+
+    Ledger       -> journal              (first: on file before anyone acts)
+    GroupTracker -> journal, scheduler
+    Manager      -> scheduler, D-Bus service
+    scheduler    -> D-Bus service        (shares)
+
+The D-Bus service's two are made when it starts. ``App`` runs what the upcall
+path does not: the D-Bus service, the scheduler's actuation and SIGHUP
+reloads; vgpud.daemon.Daemon calls it at each step of its lifecycle.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from dbus_fast import BusType
+from dbus_fast.aio import MessageBus
+
+from vgpud.admin.dbus import BUS_NAME, AdminService
+from vgpud.admin.manager import AdminError, Manager
+from vgpud.core.groups import GroupTracker
+from vgpud.core.ledger import Ledger
+from vgpud.core.observers import Observer, Topic
+from vgpud.host.cgroups import cgroup_path_by_id
+from vgpud.host.inventory import GpuInfo, discover
+from vgpud.host.procmem import ProcessMemory
+from vgpud.kernel.channel import ChannelError, GenlChannel
+from vgpud.kernel.codec import DecodeError
+from vgpud.policy.quota import QuotaPolicy
+from vgpud.policy.sched import SchedPolicy
+from vgpud.sched.activity import choose_source
+from vgpud.sched.actuator import ModuleActuator
+from vgpud.sched.service import SchedulerService
+from vgpud.store.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
+from vgpud.store.journal import ChargeAndGroupJournal
+from vgpud.store.state import StateError, load_state
+
+__all__ = ["App", "StartupError", "build_quota"]
+
+log = logging.getLogger("vgpud")
+
+E = TypeVar("E")
+
+
+class StartupError(Exception):
+    """Config, state or inventory that the daemon cannot start with (EX_CONFIG)."""
+
+
+class Subscriptions:
+    """The subscriptions made here, so that they can be undone."""
+
+    def __init__(self) -> None:
+        self._made: list[tuple[Topic[Any], Observer[Any]]] = []
+
+    def add(self, topic: Topic[E], observer: Observer[E]) -> None:
+        topic.subscribe(observer)
+        self._made.append((topic, observer))
+
+    def drop(self, observer: object) -> None:
+        """Undo the subscriptions of ``observer``."""
+        for topic, made in self._made:
+            if made is observer:
+                topic.unsubscribe(made)
+        self._made = [(t, o) for t, o in self._made if o is not observer]
+
+    def clear(self) -> None:
+        for topic, observer in reversed(self._made):
+            topic.unsubscribe(observer)
+        self._made = []
+
+
+def build_quota(config_path: Path | None = None, dbus: str = "try",
+                inventory: Callable[[], list[GpuInfo]] = discover,
+                ) -> tuple[SchedPolicy, App]:
+    """The quota daemon's policy and the App around it (see the module doc);
+    StartupError on a bad config or state file."""
+    config_path = config_path or DEFAULT_CONFIG_PATH
+    try:
+        config = load_config(config_path)
+        state = load_state(config.daemon.state_path)
+    except (ConfigError, StateError) as exc:
+        raise StartupError(str(exc)) from exc
+    gpus = inventory()
+    if not gpus:
+        log.warning("no GPUs in the inventory: every charged allocation will be refused")
+    ledger = Ledger()
+    manager = Manager(config_path, config, state, ledger, gpus)
+    log.info("config %s: %d tenants, %d GPUs", config_path, len(manager.tenants), len(gpus))
+    tracker = GroupTracker()
+    journal = ChargeAndGroupJournal.resume(config.daemon.charges_path, ledger, groups=tracker)
+    quota = QuotaPolicy(manager, ledger, cgroup_path=cgroup_path_by_id(),
+                        memory=ProcessMemory())
+    policy = SchedPolicy(quota, tracker)
+    activity = choose_source([gpu.index for gpu in manager.gpus])
+    scheduler = SchedulerService(manager, tracker, activity=activity)
+    app = App(manager, quota, tracker, scheduler, journal=journal, dbus=dbus)
+    subs = app.subscriptions
+    if journal is not None:
+        subs.add(ledger.observers, journal)
+        subs.add(tracker.observers, journal)
+    subs.add(tracker.observers, scheduler)
+    subs.add(manager.observers, scheduler)
+    return policy, app
+
+
+class App:
+    """The quota daemon's parts beyond the upcall path: the Manager served on
+    D-Bus, the TDMA scheduler, the journal.
+
+    ``dbus``: "off" (--no-dbus), "try" (an unreachable bus is a warning) or
+    "require" (--require-dbus: the daemon does not start without it).
+    """
+
+    def __init__(self, manager: Manager, quota: QuotaPolicy, tracker: GroupTracker,
+                 scheduler: SchedulerService, *, journal: ChargeAndGroupJournal | None = None,
+                 dbus: str = "try") -> None:
+        self.manager = manager
+        self.quota = quota
+        self.tracker = tracker
+        self.scheduler = scheduler
+        self.journal = journal
+        self.dbus = dbus
+        self.subscriptions = Subscriptions()
+        self.service: AdminService | None = None
+        self._bus: MessageBus | None = None
+
+    async def start(self) -> bool:
+        """Serve the admin API (org.vgpud1) on the system bus; False (logged)
+        when it cannot and is required."""
+        if self.dbus == "off":
+            log.info("admin API off (--no-dbus)")
+            return True
+        bus = None
+        try:
+            bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
+            service = AdminService(self.manager, bus, self.scheduler)
+            await service.start()
+        except Exception as exc:
+            if bus is not None:
+                bus.disconnect()
+            text = f"admin API {BUS_NAME} not available on the system bus: {exc}"
+            if self.dbus == "require":
+                log.error("%s", text)
+                return False
+            log.warning("%s; running without it", text)
+            return True
+        self._bus, self.service = bus, service
+        self.subscriptions.add(self.manager.observers, service)
+        self.subscriptions.add(self.scheduler.observers, service)
+        log.info("admin API %s on the system bus", BUS_NAME)
+        return True
+
+    async def attach(self, channel: GenlChannel) -> None:
+        """Registered: drop the restored charges and groups of contexts closed
+        while no daemon ran."""
+        if not self.quota.restored:
+            return
+        try:
+            live = await channel.list_contexts()
+        except (ChannelError, DecodeError) as exc:
+            log.warning("cannot list the live contexts (%s): every restored charge is kept "
+                        "until its context closes", exc)
+            return
+        for ctx in self.quota.reconcile(live):
+            self.tracker.closed(ctx)
+
+    def start_scheduling(self, channel: GenlChannel) -> None:
+        self.scheduler.start(ModuleActuator(channel))
+
+    async def stop_scheduling(self) -> None:
+        """Stop deciding and turn the groups back on (the channel still up)."""
+        self.subscriptions.drop(self.scheduler)
+        await self.scheduler.stop()
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the config; a bad one keeps the last good one."""
+        try:
+            self.manager.reload()
+        except AdminError as exc:
+            log.error("reload failed, keeping the last good config: %s", exc)
+            return
+        log.info("reloaded %s: %d tenants", self.manager.config_path,
+                 len(self.manager.tenants))
+
+    def close(self) -> None:
+        self.subscriptions.clear()
+        if self.service is not None:
+            self.service.close()
+            self.service = None
+        if self._bus is not None:
+            self._bus.disconnect()
+            self._bus = None
+        if self.journal is not None:
+            self.journal.close()
+            self.journal = None

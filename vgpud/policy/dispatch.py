@@ -1,0 +1,154 @@
+"""The Dispatcher: the sans-I/O core of the upcall path, typed messages in,
+verdicts out, whatever the policy does (it never raises)."""
+
+from __future__ import annotations
+
+import errno
+import logging
+from dataclasses import dataclass
+
+from vgpud.kernel.codec import DecodeError, Event, Upcall
+from vgpud.kernel.uapi import (
+    ALLOW,
+    VERDICT_F_POST,
+    VERDICT_F_SCHED_OFF,
+    MmapParams,
+    Node,
+    UpcallKind,
+    Verdict,
+    VerdictAction,
+)
+from vgpud.nvidia.escapes import Escape
+from vgpud.nvidia.layouts import NVOS21, NVOS64, decode_call
+from vgpud.policy.base import Decoded, Policy, Request
+
+__all__ = ["Counters", "Dispatcher"]
+
+log = logging.getLogger("vgpud")
+
+
+@dataclass(slots=True)
+class Counters:
+    upcalls: int = 0
+    verdicts: int = 0
+    events: int = 0
+    malformed: int = 0  # messages that did not decode
+    unanswered: int = 0  # malformed upcalls whose id was unreadable
+    call_errors: int = 0  # RM params that did not decode (the policy saw call=None)
+    policy_errors: int = 0  # policy raised or gave an unusable verdict
+
+
+class Dispatcher:
+    """Sans-I/O core of the upcall path: typed messages in, verdicts out.
+
+    OPEN, IOCTL and MMAP upcalls go to ``policy.decide``, POST upcalls to
+    ``policy.decide_post``; MMAP params are decoded as struct vgpu_mmap_params.
+
+    It never raises. Failures are counted, logged and answered with a safe
+    verdict, fail-closed unless ``fail_open``:
+    - the policy raises or returns a verdict that does not fit the upcall:
+      DENY(EIO) (fail-open: ALLOW); for a POST upcall always ALLOW (the call
+      has happened: keep the driver's results);
+    - an upcall does not decode but its id can be read: DENY(EPROTO)
+      (fail-open: ALLOW); one whose id is unreadable cannot be answered, and
+      the module's timeout and fail policy complete it;
+    - RM params do not decode: the policy still decides, with ``call=None``
+      (the driver itself rejects a malformed params block).
+
+    The params are decoded when the policy first reads ``Request.call``.
+    """
+
+    def __init__(self, policy: Policy, *, fail_open: bool = False) -> None:
+        self.policy = policy
+        self.counters = Counters()
+        self._on_policy_error = ALLOW if fail_open else Verdict.deny(errno.EIO)
+        self._on_malformed = ALLOW if fail_open else Verdict.deny(errno.EPROTO)
+
+    def on_upcall(self, upcall: Upcall) -> Verdict:
+        counters = self.counters
+        counters.upcalls += 1
+        kind = upcall.kind
+        try:
+            if kind is _POST:
+                verdict = self.policy.decide_post(Request(upcall, self._decode))
+            else:
+                verdict = self.policy.decide(Request(upcall, self._decode))
+            if verdict is not ALLOW:
+                _check(verdict, upcall)
+        except Exception:
+            counters.policy_errors += 1
+            log.exception("policy failed on upcall %d", upcall.id)
+            verdict = ALLOW if kind is _POST else self._on_policy_error
+        counters.verdicts += 1
+        return verdict
+
+    def _decode(self, upcall: Upcall) -> Decoded:
+        """The decode behind ``Request.call``, run when a policy first reads it."""
+        kind = upcall.kind
+        try:
+            if (kind is _IOCTL or kind is _POST) and upcall.node is not _UVM:
+                return decode_call(upcall.nr, upcall.params, upcall.data)
+            if kind is _MMAP:
+                return MmapParams.unpack(upcall.params)
+        except DecodeError as exc:
+            self.counters.call_errors += 1
+            log.warning("upcall %d: %s params: %s", upcall.id,
+                        "mmap" if kind is _MMAP else f"escape {upcall.nr:#x}", exc)
+        return None
+
+    def on_event(self, event: Event) -> None:
+        self.counters.events += 1
+        try:
+            self.policy.on_event(event)
+        except Exception:
+            self.counters.policy_errors += 1
+            log.exception("policy failed on %s", type(event).__name__)
+
+    def on_malformed(self, error: DecodeError) -> Verdict | None:
+        self.counters.malformed += 1
+        if error.upcall_id is None:
+            self.counters.unanswered += 1
+            log.warning("malformed message: %s", error)
+            return None
+        log.warning("malformed upcall %d: %s", error.upcall_id, error)
+        self.counters.verdicts += 1
+        return self._on_malformed
+
+
+_IOCTL, _POST, _MMAP, _UVM = UpcallKind.IOCTL, UpcallKind.POST, UpcallKind.MMAP, Node.UVM
+_ALLOC_SIZES = frozenset({NVOS21.size, NVOS64.size})  # RM_ALLOC params VERDICT_F_SCHED_OFF fits
+# The actions each upcall kind may be answered with.
+_ACTIONS = {
+    UpcallKind.OPEN: frozenset({VerdictAction.ALLOW, VerdictAction.DENY}),
+    UpcallKind.IOCTL: frozenset(VerdictAction),
+    UpcallKind.POST: frozenset({VerdictAction.ALLOW, VerdictAction.REPLY}),
+    UpcallKind.MMAP: frozenset({VerdictAction.ALLOW, VerdictAction.DENY}),
+}
+
+
+def _check(verdict: Verdict, upcall: Upcall) -> None:
+    """Refuse verdicts the module would refuse (the caller would then wait in vain)."""
+    if type(verdict) is not Verdict:
+        raise TypeError(f"policy returned {verdict!r}, not a Verdict")
+    action = verdict.action
+    if action not in _ACTIONS[upcall.kind]:
+        raise ValueError(f"{action!r} does not answer a {upcall.kind.name} upcall")
+    flags = verdict.flags
+    if flags & ~(VERDICT_F_POST | VERDICT_F_SCHED_OFF) or (
+        flags and (action is not VerdictAction.ALLOW or upcall.kind is not _IOCTL)
+    ) or (flags & VERDICT_F_SCHED_OFF and (upcall.nr != Escape.RM_ALLOC
+                                          or len(upcall.params) not in _ALLOC_SIZES)):
+        raise ValueError(f"verdict flags {flags:#x} do not fit the upcall")
+    if action is VerdictAction.FAIL_STATUS and verdict.status_off + 4 > len(upcall.params):
+        raise ValueError(f"FAIL_STATUS at {verdict.status_off} does not fit the upcall")
+    params, data = verdict.params, verdict.data
+    if action is VerdictAction.REPLY:
+        if params is None and data is None:
+            raise ValueError("REPLY without blocks")
+        if params is not None and len(params) != len(upcall.params):
+            raise ValueError(f"REPLY params of {len(params)} bytes, upcall's {len(upcall.params)}")
+        if data is not None and (upcall.data is None or len(data) != len(upcall.data)):
+            raise ValueError(f"REPLY data of {len(data)} bytes does not fit the upcall's")
+    elif params is not None or data is not None:
+        raise ValueError("blocks only go with REPLY")
+
