@@ -57,7 +57,15 @@ static void __init vgpu_check_abi(void)
 	BUILD_BUG_ON(sizeof(struct vgpu_sched_result) != 8);
 	BUILD_BUG_ON(offsetof(struct vgpu_stats, contexts) != 8);
 	BUILD_BUG_ON(offsetof(struct vgpu_stats, mmaps) != 112);
+	/* The NVIDIA layouts the module reads or writes (nvidia/nv_ioctl.h). */
 	BUILD_BUG_ON(sizeof(struct nv_ioctl_xfer) != 16);
+	BUILD_BUG_ON(sizeof(struct nv_register_fd) != 4);
+	BUILD_BUG_ON(offsetof(struct nvos33_with_fd, fd) != 48);
+	BUILD_BUG_ON(sizeof(struct nvos33_with_fd) != 56);
+	BUILD_BUG_ON(offsetof(struct nvos02_with_fd, fd) != 48);
+	BUILD_BUG_ON(sizeof(struct nvos02_with_fd) != 56);
+	BUILD_BUG_ON(sizeof(struct nvos21) != 32);
+	BUILD_BUG_ON(sizeof(struct nvos64) != 48);
 	BUILD_BUG_ON(VGPU_NODE_UVM >= VGPU_NODE_KINDS);
 }
 

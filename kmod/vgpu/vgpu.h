@@ -13,6 +13,7 @@
 #include <linux/rcupdate.h>
 #include <linux/bitmap.h>
 #include <linux/bits.h>
+#include <nvidia/nv_ioctl.h>
 #include <uapi/linux/vgpu.h>
 
 struct net;
@@ -23,24 +24,6 @@ struct sk_buff;
 #define VGPU_MINOR_UVM		254
 #define VGPU_MINOR_CTL		255
 #define VGPU_MINORS		256
-
-/* NVIDIA escape numbers the module itself needs to know. */
-#define NV_ESC_RM_ALLOC_MEMORY	0x27
-#define NV_ESC_RM_MAP_MEMORY	0x4E
-#define NV_ESC_REGISTER_FD	201
-#define NV_ESC_IOCTL_XFER_CMD	211
-
-/**
- * struct nv_ioctl_xfer - params of NV_ESC_IOCTL_XFER_CMD
- * @cmd: the wrapped escape
- * @size: size of its params
- * @ptr: user pointer to its params
- */
-struct nv_ioctl_xfer {
-	u32 cmd;
-	u32 size;
-	u64 ptr;
-};
 
 /* Module parameters (main.c). */
 extern char *vgpu_backing_dir;
