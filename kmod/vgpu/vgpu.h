@@ -98,25 +98,6 @@ struct vgpu_ctx {
 	struct rcu_head rcu;
 };
 
-/**
- * struct vgpu_filter - the daemon's selection of slow-path calls; immutable
- * @flags: VGPU_FILTER_*
- * @n_rules: entries in @rules
- * @nr_map: per node kind, bit (nr & 0xff) set when some rule may match
- * @rcu: for kfree_rcu after a swap
- * @rules: the rules, in the daemon's order (first match wins)
- */
-struct vgpu_filter {
-	u32 flags;
-	u32 n_rules;
-	DECLARE_BITMAP(nr_map[VGPU_NODE_KINDS], 256);
-	struct rcu_head rcu;
-	struct vgpu_rule rules[];
-};
-
-/* The current filter, NULL for none. Written under vgpu_filter_mutex. */
-extern struct vgpu_filter __rcu *vgpu_filter;
-
 /* chardev.c */
 extern const struct file_operations vgpu_fops;
 int vgpu_chardev_init(void);
@@ -247,6 +228,7 @@ void vgpu_daemon_gone(struct net *net, u32 portid);
 u32 vgpu_daemon_portid(void);
 void vgpu_upcall_exit(void);
 
+/* filter.c */
 extern unsigned long vgpu_hot[VGPU_NODE_KINDS][BITS_TO_LONGS(256)];
 
 /* Does a call with this escape need more than a plain forward? */
