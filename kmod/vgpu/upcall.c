@@ -7,12 +7,12 @@
  * verdict handler, the daemon's death (URELEASE or UNREGISTER), the waiter's
  * timeout and a fatal signal to the waiter. Whoever unlinks the request from
  * the pending table under vgpu_daemon.lock owns the outcome; the others see
- * an unlinked request and back off.
+ * an unlinked request and back off. The table is a hash by upcall id, so a
+ * verdict finds its request without walking the others.
  */
 #include <linux/completion.h>
 #include <linux/jiffies.h>
-#include <linux/list.h>
-#include <linux/mutex.h>
+#include <linux/hashtable.h>
 #include <linux/sched.h>
 #include <linux/skbuff.h>
 #include <linux/slab.h>
@@ -25,7 +25,8 @@
 
 /**
  * struct vgpu_req - one upcall waiting for its verdict (on the waiter's stack)
- * @node: link in vgpu_daemon.pending; empty once the request is owned
+ * @node: link in vgpu_daemon.pending, by @id; unhashed once the request is
+ *	owned
  * @id: the upcall id
  * @kind: enum vgpu_upcall_kind, decides which verdicts fit
  * @nr: the escape number (VGPU_VERDICT_F_SCHED_OFF fits RM_ALLOC only)
@@ -45,7 +46,7 @@
  * handler never allocates and never writes past what the waiter sent.
  */
 struct vgpu_req {
-	struct list_head node;
+	struct hlist_node node;
 	u64 id;
 	u32 kind;
 	u32 nr;
@@ -61,17 +62,17 @@ struct vgpu_req {
 
 /*
  * The registered responder and the upcalls sent to it. @lock protects all
- * fields and the list links of every request on @pending; it is only taken
- * in process context and never held while sleeping.
+ * fields and the hash links of every request in @pending: a request is
+ * added, found and removed only under it. It is only taken in process
+ * context and never held while sleeping or copying user memory.
  */
 static struct {
 	spinlock_t lock;		/* protects the fields below */
 	struct net *net;		/* reference held while registered */
 	u32 portid;			/* 0 when no daemon is registered */
-	struct list_head pending;	/* struct vgpu_req.node */
+	DECLARE_HASHTABLE(pending, 8);	/* struct vgpu_req.node, by id */
 } vgpu_daemon = {
 	.lock = __SPIN_LOCK_UNLOCKED(vgpu_daemon.lock),
-	.pending = LIST_HEAD_INIT(vgpu_daemon.pending),
 };
 
 static atomic64_t vgpu_upcall_ids = ATOMIC64_INIT(0);
@@ -79,13 +80,27 @@ static atomic64_t vgpu_upcall_ids = ATOMIC64_INIT(0);
 /* Caller holds vgpu_daemon.lock. Completes every pending request with @err. */
 static void vgpu_pending_fail_locked(int err)
 {
-	struct vgpu_req *req, *tmp;
+	struct vgpu_req *req;
+	struct hlist_node *tmp;
+	unsigned int bkt;
 
-	list_for_each_entry_safe(req, tmp, &vgpu_daemon.pending, node) {
-		list_del_init(&req->node);
+	hash_for_each_safe(vgpu_daemon.pending, bkt, tmp, req, node) {
+		hash_del(&req->node);
 		req->err = err;
 		complete(&req->done);
 	}
+}
+
+/* The pending request @id, or NULL. Caller holds vgpu_daemon.lock. */
+static struct vgpu_req *vgpu_pending_find_locked(u64 id)
+{
+	struct vgpu_req *req;
+
+	/* At most one request per id is pending (see vgpu_upcall()). */
+	hash_for_each_possible(vgpu_daemon.pending, req, node, id)
+		if (req->id == id)
+			return req;
+	return NULL;
 }
 
 /* Drops the registered daemon; caller holds the lock. Returns its net. */
@@ -161,8 +176,11 @@ u32 vgpu_daemon_portid(void)
 	return READ_ONCE(vgpu_daemon.portid);
 }
 
-/* Returns a referenced net of the daemon and its port, or NULL for none. */
-static struct net *vgpu_daemon_get(u32 *portid)
+/*
+ * Returns a referenced net of the daemon and its port, or NULL for none.
+ * With @req, makes it pending with that daemon in the same step.
+ */
+static struct net *vgpu_daemon_get(u32 *portid, struct vgpu_req *req)
 {
 	struct net *net = NULL;
 
@@ -170,6 +188,8 @@ static struct net *vgpu_daemon_get(u32 *portid)
 	if (vgpu_daemon.portid) {
 		net = get_net(vgpu_daemon.net);
 		*portid = vgpu_daemon.portid;
+		if (req)
+			hash_add(vgpu_daemon.pending, &req->node, req->id);
 	}
 	spin_unlock(&vgpu_daemon.lock);
 	return net;
@@ -199,8 +219,8 @@ static bool vgpu_req_claim(struct vgpu_req *req)
 	bool owned = false;
 
 	spin_lock(&vgpu_daemon.lock);
-	if (!list_empty(&req->node)) {
-		list_del_init(&req->node);
+	if (hash_hashed(&req->node)) {
+		hash_del(&req->node);
 		owned = true;
 	}
 	spin_unlock(&vgpu_daemon.lock);
@@ -216,6 +236,32 @@ static int vgpu_req_result(struct vgpu_req *req, struct vgpu_upcall_msg *msg,
 	*v = req->verdict;
 	msg->replied = req->replied;
 	return VGPU_OUT_VERDICT;
+}
+
+/* A request for @msg, not yet pending; assigns @msg's id unless set. */
+static void vgpu_req_init(struct vgpu_req *req, struct vgpu_upcall_msg *msg)
+{
+	*req = (struct vgpu_req) {
+		.id = msg->hdr.id ? msg->hdr.id :
+				    atomic64_inc_return(&vgpu_upcall_ids),
+		.kind = msg->hdr.kind,
+		.nr = msg->hdr.nr,
+		.params_len = msg->params ? msg->params_len : 0,
+		.data_len = msg->data ? msg->data_len : 0,
+		.reply_params = msg->reply_params,
+		.reply_data = msg->reply_data,
+	};
+	INIT_HLIST_NODE(&req->node);
+	init_completion(&req->done);
+	msg->hdr.id = req->id;
+	msg->replied = 0;
+}
+
+/* The upcall could not be sent: no daemon, its socket is gone, no memory. */
+static int vgpu_upcall_lost(const struct vgpu_req *req)
+{
+	vgpu_count(lost);
+	return vgpu_fail_policy(req, -EHOSTDOWN);
 }
 
 /**
@@ -236,7 +282,7 @@ static int vgpu_req_result(struct vgpu_req *req, struct vgpu_upcall_msg *msg,
  */
 int vgpu_upcall(struct vgpu_upcall_msg *msg, struct vgpu_verdict *v)
 {
-	struct vgpu_req req = {};
+	struct vgpu_req req;
 	struct sk_buff *skb;
 	struct net *net;
 	unsigned long timeout;
@@ -244,41 +290,17 @@ int vgpu_upcall(struct vgpu_upcall_msg *msg, struct vgpu_verdict *v)
 	long left;
 	int err;
 
-	req.id = msg->hdr.id ? msg->hdr.id : atomic64_inc_return(&vgpu_upcall_ids);
-	req.kind = msg->hdr.kind;
-	req.nr = msg->hdr.nr;
-	req.params_len = msg->params ? msg->params_len : 0;
-	req.data_len = msg->data ? msg->data_len : 0;
-	req.reply_params = msg->reply_params;
-	req.reply_data = msg->reply_data;
-	msg->replied = 0;
-	INIT_LIST_HEAD(&req.node);
-	init_completion(&req.done);
-	msg->hdr.id = req.id;
-
-	if (!vgpu_daemon_portid()) {
-		vgpu_count(lost);
-		return vgpu_fail_policy(&req, -EHOSTDOWN);
-	}
+	vgpu_req_init(&req, msg);
+	if (!vgpu_daemon_portid())
+		return vgpu_upcall_lost(&req);
 	skb = vgpu_genl_upcall_skb(msg);
-	if (!skb) {
-		vgpu_count(lost);
-		return vgpu_fail_policy(&req, -EHOSTDOWN);
-	}
-
-	/* Link before sending: the verdict may arrive before send returns. */
-	spin_lock(&vgpu_daemon.lock);
-	net = NULL;
-	if (vgpu_daemon.portid) {
-		net = get_net(vgpu_daemon.net);
-		portid = vgpu_daemon.portid;
-		list_add_tail(&req.node, &vgpu_daemon.pending);
-	}
-	spin_unlock(&vgpu_daemon.lock);
+	if (!skb)
+		return vgpu_upcall_lost(&req);
+	/* Pending before sent: the verdict may arrive before send returns. */
+	net = vgpu_daemon_get(&portid, &req);
 	if (!net) {
 		kfree_skb(skb);
-		vgpu_count(lost);
-		return vgpu_fail_policy(&req, -EHOSTDOWN);
+		return vgpu_upcall_lost(&req);
 	}
 
 	trace_vgpu_upcall_send(req.id, msg->hdr.ctx_id, msg->hdr.kind,
@@ -288,8 +310,7 @@ int vgpu_upcall(struct vgpu_upcall_msg *msg, struct vgpu_verdict *v)
 	if (err) {
 		if (!vgpu_req_claim(&req))
 			return vgpu_req_result(&req, msg, v);
-		vgpu_count(lost);
-		return vgpu_fail_policy(&req, -EHOSTDOWN);
+		return vgpu_upcall_lost(&req);
 	}
 	vgpu_count(upcalls);
 
@@ -415,6 +436,31 @@ static int vgpu_verdict_fits(const struct vgpu_req *req,
 	}
 }
 
+/*
+ * Takes @req out of the table and completes it with the daemon's answer,
+ * copying a REPLY's blocks into the waiter's buffers. Caller holds
+ * vgpu_daemon.lock and found @req pending: unlinking it makes this the
+ * owner of its outcome.
+ */
+static void vgpu_req_answer_locked(struct vgpu_req *req,
+				   const struct vgpu_verdict *v,
+				   const struct vgpu_blocks *b)
+{
+	hash_del(&req->node);
+	req->replied = 0;
+	if (b->params) {
+		memcpy(req->reply_params, b->params, b->params_len);
+		req->replied |= VGPU_REPLIED_PARAMS;
+	}
+	if (b->data) {
+		memcpy(req->reply_data, b->data, b->data_len);
+		req->replied |= VGPU_REPLIED_DATA;
+	}
+	req->verdict = *v;
+	req->err = 0;
+	complete(&req->done);
+}
+
 /**
  * vgpu_verdict - apply a verdict from the daemon
  * @net: the sender's net
@@ -435,7 +481,6 @@ int vgpu_verdict(struct net *net, u32 portid, const struct vgpu_verdict *v,
 		 const struct vgpu_blocks *b, const char **why)
 {
 	struct vgpu_req *req;
-	bool found = false;
 	int err;
 
 	err = vgpu_verdict_check(v, b, why);
@@ -448,14 +493,8 @@ int vgpu_verdict(struct net *net, u32 portid, const struct vgpu_verdict *v,
 	}
 	if (err)
 		goto bad;
-	/* At most one request per id is pending (see vgpu_upcall()). */
-	list_for_each_entry(req, &vgpu_daemon.pending, node) {
-		if (req->id == v->id) {
-			found = true;
-			break;
-		}
-	}
-	if (!found) {
+	req = vgpu_pending_find_locked(v->id);
+	if (!req) {
 		spin_unlock(&vgpu_daemon.lock);
 		vgpu_count(lost);
 		*why = "no such pending upcall (completed, timed out or unknown)";
@@ -464,19 +503,7 @@ int vgpu_verdict(struct net *net, u32 portid, const struct vgpu_verdict *v,
 	err = vgpu_verdict_fits(req, v, b, why);
 	if (err)
 		goto bad;
-	list_del_init(&req->node);
-	req->replied = 0;
-	if (b->params) {
-		memcpy(req->reply_params, b->params, b->params_len);
-		req->replied |= VGPU_REPLIED_PARAMS;
-	}
-	if (b->data) {
-		memcpy(req->reply_data, b->data, b->data_len);
-		req->replied |= VGPU_REPLIED_DATA;
-	}
-	req->verdict = *v;
-	req->err = 0;
-	complete(&req->done);
+	vgpu_req_answer_locked(req, v, b);
 	spin_unlock(&vgpu_daemon.lock);
 
 	vgpu_count(verdicts);
@@ -507,7 +534,7 @@ void vgpu_event(const struct vgpu_event *ev, const void *params, u32 plen,
 	struct net *net;
 	u32 portid;
 
-	net = vgpu_daemon_get(&portid);
+	net = vgpu_daemon_get(&portid, NULL);
 	if (!net)
 		return;
 	skb = vgpu_genl_event_skb(ev, params, plen, data, dlen);
