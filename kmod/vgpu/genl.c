@@ -468,8 +468,16 @@ err_notifier:
 	return err;
 }
 
+/*
+ * Undoes vgpu_genl_init(). With the family goes the daemon's way in: no
+ * daemon can register any more, nor a SCHEDULE record a group turned off,
+ * so what they left is dropped too (no emulated file is open by now, so no
+ * upcall waits).
+ */
 void vgpu_genl_exit(void)
 {
 	genl_unregister_family(&vgpu_genl_family);
 	netlink_unregister_notifier(&vgpu_nl_notifier);
+	vgpu_sched_exit();
+	vgpu_upcall_exit();
 }
