@@ -264,3 +264,13 @@ def test_kmod_numbers_match_daemon(tmp_path: Path) -> None:
             "NV_ERR_NO_MEMORY"} <= set(both)
     got = run_c(tmp_path, kmod_program([(n, n) for n in both]), KMOD_INCLUDE)
     assert got == {n: py[n] for n in both}
+
+
+def test_vgpu_includes_nothing_of_nvsim() -> None:
+    """The production module and the shared headers never reach into the simulator."""
+    sources = [*(ROOT / "kmod/vgpu").glob("*.[ch]"), *(ROOT / "kmod/include").rglob("*.h")]
+    assert len(sources) > 10
+    for src in sources:
+        includes = re.findall(r'^#\s*include\s+[<"]([^>"]+)[>"]', src.read_text(), flags=re.M)
+        assert not [i for i in includes if "nvsim" in i], src
+    assert "nvsim" not in (ROOT / "kmod/vgpu/Kbuild").read_text()
