@@ -25,7 +25,9 @@
 #include <linux/types.h>
 #include <linux/xarray.h>
 
-#include "nv_abi.h"
+#include <nvidia/nv_ioctl.h>
+#include <nvidia/nv_rm.h>
+#include <nvidia/nv_status.h>
 
 #define NVSIM_MAX_GPUS		8
 #define NVSIM_MINOR_UVM		254
@@ -40,6 +42,29 @@
 #define NVSIM_VERSION_STRING	"595.45.04"
 #define NVSIM_PCI_VENDOR	0x10de
 #define NVSIM_PCI_DEVICE	0x2330
+
+/*
+ * nvsim-private (not NVIDIA's): simulated work on a channel group.
+ * NVSIM_ESC_SUBMIT_WORK on nvidiactl queues work_ns of GPU time on
+ * hChannelGroup; GET_WORK_STATS (on a channel group) reads its counters.
+ */
+#define NVSIM_ESC_SUBMIT_WORK			0xf0
+#define NVSIM_CTRL_CMD_GET_WORK_STATS		0xa06c01f0
+
+struct nvsim_submit_work {
+	u32 h_client;
+	u32 h_channel_group;
+	u64 work_ns;
+	u32 status;
+	u32 reserved;
+};
+
+struct nvsim_work_stats_params {
+	u64 busy_ns;
+	u64 pending_ns;
+	u32 b_enabled;
+	u32 timeslice_us;
+};
 
 struct nvsim_gpu {
 	unsigned int index;

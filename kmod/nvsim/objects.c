@@ -871,6 +871,27 @@ int nvsim_rm_vid_heap(struct nvsim_file *nf, struct nvos32 *p)
 
 /* ---- CPU mappings ---- */
 
+/*
+ * The client, device (or the client itself) and memory object that
+ * RM_MAP_MEMORY and RM_UNMAP_MEMORY name. Caller holds nvsim_lock.
+ */
+static u32 nvsim_map_target(struct nvsim_file *nf, u32 hclient, u32 hdevice,
+			    u32 hmemory, struct nvsim_client **c,
+			    struct nvsim_obj **dev, struct nvsim_obj **mem)
+{
+	*c = nvsim_client_get(nf, hclient);
+	if (!*c)
+		return NV_ERR_INVALID_CLIENT;
+	*dev = nvsim_obj_get(*c, hdevice);
+	if (!*dev || ((*dev)->kind != NVSIM_OBJ_CLIENT &&
+		      !nvsim_is_gpu_parent(*dev)))
+		return NV_ERR_INVALID_OBJECT_HANDLE;
+	*mem = nvsim_obj_get(*c, hmemory);
+	if (!*mem || !nvsim_is_memory(*mem))
+		return NV_ERR_INVALID_OBJECT_HANDLE;
+	return NV_OK;
+}
+
 static u32 nvsim_map_locked(struct nvsim_file *nf, struct nvos33_with_fd *p,
 			    struct file *gfile)
 {
@@ -880,16 +901,12 @@ static u32 nvsim_map_locked(struct nvsim_file *nf, struct nvos33_with_fd *p,
 	struct nvsim_mapctx *ctx;
 	struct nvsim_cpumap *map;
 	u64 start, end;
+	u32 st;
 
-	c = nvsim_client_get(nf, p->h_client);
-	if (!c)
-		return NV_ERR_INVALID_CLIENT;
-	dev = nvsim_obj_get(c, p->h_device);
-	if (!dev || (dev->kind != NVSIM_OBJ_CLIENT && !nvsim_is_gpu_parent(dev)))
-		return NV_ERR_INVALID_OBJECT_HANDLE;
-	mem = nvsim_obj_get(c, p->h_memory);
-	if (!mem || !nvsim_is_memory(mem))
-		return NV_ERR_INVALID_OBJECT_HANDLE;
+	st = nvsim_map_target(nf, p->h_client, p->h_device, p->h_memory, &c,
+			      &dev, &mem);
+	if (st)
+		return st;
 	if (mem->kind == NVSIM_OBJ_VIRTUAL)
 		return NV_ERR_INVALID_ARGUMENT;
 	if (dev->gpu && dev->gpu != mem->gpu)
@@ -962,16 +979,12 @@ static u32 nvsim_unmap_locked(struct nvsim_file *nf, struct nvos34 *p)
 	struct nvsim_client *c;
 	struct nvsim_obj *dev, *mem;
 	struct nvsim_cpumap *map;
+	u32 st;
 
-	c = nvsim_client_get(nf, p->h_client);
-	if (!c)
-		return NV_ERR_INVALID_CLIENT;
-	dev = nvsim_obj_get(c, p->h_device);
-	if (!dev || (dev->kind != NVSIM_OBJ_CLIENT && !nvsim_is_gpu_parent(dev)))
-		return NV_ERR_INVALID_OBJECT_HANDLE;
-	mem = nvsim_obj_get(c, p->h_memory);
-	if (!mem || !nvsim_is_memory(mem))
-		return NV_ERR_INVALID_OBJECT_HANDLE;
+	st = nvsim_map_target(nf, p->h_client, p->h_device, p->h_memory, &c,
+			      &dev, &mem);
+	if (st)
+		return st;
 	list_for_each_entry(map, &mem->mem.cpumaps, node) {
 		if (map->address == p->p_linear_address) {
 			list_del(&map->node);

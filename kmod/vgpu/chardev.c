@@ -135,7 +135,9 @@ static void *vgpu_copy_data(const struct vgpu_rule *r, const void *params,
 }
 
 /**
- * struct vgpu_slow - the buffers of one slow-path call
+ * struct vgpu_slow - one slow-path call: its rule and its buffers
+ * @rule: the rule that selected the call (its pointer field dropped when
+ *	it lies beyond the call's params)
  * @params: the params as sent in the IOCTL upcall (@m.params_len bytes)
  * @data: the rule's buffer as sent (@m.data_len bytes), or NULL
  * @dptr: where @data lies in the caller's memory, as the daemon saw it
@@ -149,6 +151,7 @@ static void *vgpu_copy_data(const struct vgpu_rule *r, const void *params,
  * from the shadow the driver wrote.
  */
 struct vgpu_slow {
+	struct vgpu_rule rule;
 	void *params;
 	void *data;
 	u64 dptr;
@@ -299,103 +302,134 @@ static long vgpu_forward_shadow(struct vgpu_ctx *ctx,
 	return ret;
 }
 
-static long vgpu_ioctl_slow(struct vgpu_ctx *ctx, const struct vgpu_call *c,
-			    u32 copy_size)
+/*
+ * Prepares a call for its upcall: copies @copy_size bytes of its params,
+ * finds the rule that selects it and builds the IOCTL upcall in @s, with
+ * the rule's buffer and the room a REPLY may fill.
+ *
+ * Return: 1 when a rule selects the call, 0 when none does (the filter
+ * changed, or no rule's key matches: the call is forwarded), or a negative
+ * errno. @s's buffers are the caller's to free in every case.
+ */
+static int vgpu_slow_prepare(struct vgpu_ctx *ctx, const struct vgpu_call *c,
+			     u32 copy_size, struct vgpu_slow *s)
 {
-	struct vgpu_slow s = {};
-	struct vgpu_upcall_msg *m = &s.m;
-	struct vgpu_verdict v;
-	struct vgpu_rule r;
+	struct vgpu_upcall_msg *m = &s->m;
+	struct vgpu_rule *r = &s->rule;
 	u32 eff = 0;
-	long ret, dret;
-	int out;
 
 	if (copy_size) {
-		s.params = kvmalloc(copy_size, GFP_KERNEL);
-		if (!s.params)
+		s->params = kvmalloc(copy_size, GFP_KERNEL);
+		if (!s->params)
 			return -ENOMEM;
-		if (copy_from_user(s.params, c->params, copy_size)) {
-			ret = -EFAULT;
-			goto out;
-		}
+		if (copy_from_user(s->params, c->params, copy_size))
+			return -EFAULT;
 	}
-	if (!vgpu_filter_match(c->node, c->nr, copy_size, s.params, &r, &eff)) {
-		ret = vgpu_forward(ctx, c);
-		goto out;
-	}
+	if (!vgpu_filter_match(c->node, c->nr, copy_size, s->params, r, &eff))
+		return 0;
 
 	vgpu_msg_init(m, ctx, VGPU_UPCALL_IOCTL);
 	m->hdr.cmd = c->cmd;
 	m->hdr.nr = c->nr;
 	m->hdr.flags = c->flags;
-	m->params = eff ? s.params : NULL;
+	m->params = eff ? s->params : NULL;
 	m->params_len = eff;
 	/* A rule for any size may name offsets beyond this call's params. */
-	if (r.ptr_off != VGPU_OFF_NONE &&
-	    (eff < sizeof(u64) || r.ptr_off > eff - sizeof(u64) ||
-	     r.len_off > eff - sizeof(u32)))
-		r.ptr_off = VGPU_OFF_NONE;
-	s.data = vgpu_copy_data(&r, s.params, &m->data_len, &m->hdr.flags);
-	m->data = s.data;
-	if (s.data) {
-		s.dptr = get_unaligned((const u64 *)(s.params + r.ptr_off));
-		s.ptr_off = r.ptr_off;
+	if (r->ptr_off != VGPU_OFF_NONE &&
+	    (eff < sizeof(u64) || r->ptr_off > eff - sizeof(u64) ||
+	     r->len_off > eff - sizeof(u32)))
+		r->ptr_off = VGPU_OFF_NONE;
+	s->data = vgpu_copy_data(r, s->params, &m->data_len, &m->hdr.flags);
+	m->data = s->data;
+	if (s->data) {
+		s->dptr = get_unaligned((const u64 *)(s->params + r->ptr_off));
+		s->ptr_off = r->ptr_off;
 	}
-	if (eff || s.data) {
-		s.reply = kvmalloc((size_t)eff + m->data_len, GFP_KERNEL);
-		if (!s.reply) {
-			ret = -ENOMEM;
-			goto out;
-		}
-		m->reply_params = eff ? s.reply : NULL;
-		m->reply_data = s.data ? s.reply + eff : NULL;
+	if (eff || s->data) {
+		s->reply = kvmalloc((size_t)eff + m->data_len, GFP_KERNEL);
+		if (!s->reply)
+			return -ENOMEM;
+		m->reply_params = eff ? s->reply : NULL;
+		m->reply_data = s->data ? s->reply + eff : NULL;
 	}
+	return 1;
+}
 
-	out = vgpu_upcall(m, &v);
-	if (out < 0) {
-		ret = out;
-		goto out;
-	}
-	if (out == VGPU_OUT_FORWARD) {
+/*
+ * An ALLOW: calls the driver (on the shadow under a shadow rule), then
+ * turns a new channel group off and reports the results, as the verdict
+ * and the rule ask.
+ */
+static long vgpu_slow_allow(struct vgpu_ctx *ctx, const struct vgpu_call *c,
+			    struct vgpu_slow *s, const struct vgpu_verdict *v)
+{
+	struct vgpu_upcall_msg *m = &s->m;
+	u32 rflags = s->rule.flags;
+	long ret, dret;
+
+	/* A call without params has nothing to shadow. */
+	if ((rflags & VGPU_RULE_F_SHADOW) && m->params) {
+		ret = vgpu_forward_shadow(ctx, c, s, &dret);
+	} else {
 		ret = vgpu_forward(ctx, c);
-		goto out;
+		dret = ret;
+		if (v->flags || (rflags & VGPU_RULE_F_POST))
+			vgpu_reread(c, s);
 	}
-	switch (v.action) {
+	/* Off before the caller, or the daemon, hears of the group. */
+	if ((v->flags & VGPU_VERDICT_F_SCHED_OFF) && !dret && m->params)
+		vgpu_sched_new_group(ctx, s->params, m->params_len);
+	if (v->flags & VGPU_VERDICT_F_POST)
+		ret = vgpu_post_upcall(c, s, dret, ret);
+	else if (rflags & VGPU_RULE_F_POST)
+		vgpu_post_event(ctx, c, s, dret);
+	return ret;
+}
+
+/* Applies the daemon's verdict (checked against the upcall) to the call. */
+static long vgpu_slow_apply(struct vgpu_ctx *ctx, const struct vgpu_call *c,
+			    struct vgpu_slow *s, const struct vgpu_verdict *v)
+{
+	switch (v->action) {
 	case VGPU_VERDICT_ALLOW:
-		/* A call without params has nothing to shadow. */
-		if ((r.flags & VGPU_RULE_F_SHADOW) && m->params) {
-			ret = vgpu_forward_shadow(ctx, c, &s, &dret);
-		} else {
-			ret = vgpu_forward(ctx, c);
-			dret = ret;
-			if (v.flags || (r.flags & VGPU_RULE_F_POST))
-				vgpu_reread(c, &s);
-		}
-		/* Off before the caller, or the daemon, hears of the group. */
-		if ((v.flags & VGPU_VERDICT_F_SCHED_OFF) && !dret && m->params)
-			vgpu_sched_new_group(ctx, s.params, m->params_len);
-		if (v.flags & VGPU_VERDICT_F_POST)
-			ret = vgpu_post_upcall(c, &s, dret, ret);
-		else if (r.flags & VGPU_RULE_F_POST)
-			vgpu_post_event(ctx, c, &s, dret);
-		break;
+		return vgpu_slow_allow(ctx, c, s, v);
 	case VGPU_VERDICT_DENY:
-		ret = -(long)v.error;
-		break;
+		return -(long)v->error;
 	case VGPU_VERDICT_FAIL_STATUS:
 		/* Checked against the upcall: status_off + 4 <= eff. */
-		ret = 0;
-		if (put_user(v.status,
-			     (u32 __user *)(c->params + v.status_off)))
-			ret = -EFAULT;
-		break;
+		if (put_user(v->status,
+			     (u32 __user *)(c->params + v->status_off)))
+			return -EFAULT;
+		return 0;
 	case VGPU_VERDICT_REPLY:
 		/* Checked against the upcall: blocks as long as those sent. */
-		ret = vgpu_reply_write(c, &s);
-		break;
+		return vgpu_reply_write(c, s);
 	default:
-		ret = -EIO;	/* unreachable: verdicts are validated */
+		return -EIO;	/* unreachable: verdicts are validated */
 	}
+}
+
+/* A call some rule may select: prepare, upcall, apply the verdict. */
+static long vgpu_ioctl_slow(struct vgpu_ctx *ctx, const struct vgpu_call *c,
+			    u32 copy_size)
+{
+	struct vgpu_slow s = {};
+	struct vgpu_verdict v;
+	long ret;
+	int out;
+
+	out = vgpu_slow_prepare(ctx, c, copy_size, &s);
+	if (out <= 0) {
+		ret = out ? out : vgpu_forward(ctx, c);
+		goto out;
+	}
+	out = vgpu_upcall(&s.m, &v);
+	if (out < 0)
+		ret = out;
+	else if (out == VGPU_OUT_FORWARD)
+		ret = vgpu_forward(ctx, c);
+	else
+		ret = vgpu_slow_apply(ctx, c, &s, &v);
 out:
 	kvfree(s.reply);
 	kvfree(s.data);

@@ -10,6 +10,7 @@
 #include <linux/fcntl.h>
 #include <linux/fdtable.h>
 #include <linux/file.h>
+#include <linux/stddef.h>
 #include <linux/uaccess.h>
 
 #include "vgpu.h"
@@ -28,10 +29,13 @@ struct vgpu_fd_arg {
 	u16 off;
 };
 
+#define VGPU_FD_ARG(node, nr, type, field) \
+	{ node, nr, sizeof(struct type), offsetof(struct type, field) }
+
 static const struct vgpu_fd_arg vgpu_fd_args[] = {
-	{ VGPU_NODE_GPU, NV_ESC_REGISTER_FD,	 4,  0 },
-	{ VGPU_NODE_CTL, NV_ESC_RM_MAP_MEMORY,	 56, 48 },
-	{ VGPU_NODE_GPU, NV_ESC_RM_ALLOC_MEMORY, 56, 48 },
+	VGPU_FD_ARG(VGPU_NODE_GPU, NV_ESC_REGISTER_FD, nv_register_fd, ctl_fd),
+	VGPU_FD_ARG(VGPU_NODE_CTL, NV_ESC_RM_MAP_MEMORY, nvos33_with_fd, fd),
+	VGPU_FD_ARG(VGPU_NODE_GPU, NV_ESC_RM_ALLOC_MEMORY, nvos02_with_fd, fd),
 };
 
 /* Sets in @map the escape numbers of @node that carry an fd. */

@@ -361,73 +361,64 @@ static struct genl_family vgpu_genl_family = {
 	.n_small_ops	= ARRAY_SIZE(vgpu_nl_ops),
 };
 
-/* Builds a kernel -> daemon message: header put, payload room reserved. */
-static struct sk_buff *vgpu_genl_new(u8 cmd, size_t payload, void **hdr)
+/*
+ * Builds a kernel -> daemon message: the attribute @type holding @hlen
+ * bytes at @head, then PARAMS and DATA when @b has them, then the cgroup
+ * path when given. Return: the message, or NULL when out of memory.
+ */
+static struct sk_buff *vgpu_genl_msg(u8 cmd, int type, const void *head,
+				     size_t hlen, const struct vgpu_blocks *b,
+				     const char *cgroup)
 {
+	size_t cglen = cgroup ? strlen(cgroup) + 1 : 0;
 	struct sk_buff *skb;
+	void *hdr;
 
-	skb = genlmsg_new(payload, GFP_KERNEL);
+	skb = genlmsg_new(nla_total_size(hlen) +
+			  nla_total_size(b->params_len) +
+			  nla_total_size(b->data_len) +
+			  nla_total_size(cglen), GFP_KERNEL);
 	if (!skb)
 		return NULL;
-	*hdr = genlmsg_put(skb, 0, 0, &vgpu_genl_family, 0, cmd);
-	if (!*hdr) {
+	hdr = genlmsg_put(skb, 0, 0, &vgpu_genl_family, 0, cmd);
+	if (!hdr || nla_put(skb, type, hlen, head) ||
+	    (b->params &&
+	     nla_put(skb, VGPU_A_PARAMS, b->params_len, b->params)) ||
+	    (b->data && nla_put(skb, VGPU_A_DATA, b->data_len, b->data)) ||
+	    (cgroup && nla_put_string(skb, VGPU_A_CGROUP, cgroup))) {
 		nlmsg_free(skb);
 		return NULL;
 	}
+	genlmsg_end(skb, hdr);
 	return skb;
 }
 
 struct sk_buff *vgpu_genl_upcall_skb(const struct vgpu_upcall_msg *m)
 {
-	size_t cglen = m->cgroup ? strlen(m->cgroup) + 1 : 0;
-	struct sk_buff *skb;
-	void *hdr;
+	struct vgpu_blocks b = {
+		.params = m->params,
+		.params_len = m->params_len,
+		.data = m->data,
+		.data_len = m->data_len,
+	};
 
-	skb = vgpu_genl_new(VGPU_CMD_UPCALL,
-			    nla_total_size(sizeof(m->hdr)) +
-			    nla_total_size(m->params_len) +
-			    nla_total_size(m->data_len) +
-			    nla_total_size(cglen), &hdr);
-	if (!skb)
-		return NULL;
-	if (nla_put(skb, VGPU_A_UPCALL, sizeof(m->hdr), &m->hdr))
-		goto nospace;
-	if (m->params && nla_put(skb, VGPU_A_PARAMS, m->params_len, m->params))
-		goto nospace;
-	if (m->data && nla_put(skb, VGPU_A_DATA, m->data_len, m->data))
-		goto nospace;
-	if (m->cgroup && nla_put_string(skb, VGPU_A_CGROUP, m->cgroup))
-		goto nospace;
-	genlmsg_end(skb, hdr);
-	return skb;
-nospace:
-	nlmsg_free(skb);
-	return NULL;
+	return vgpu_genl_msg(VGPU_CMD_UPCALL, VGPU_A_UPCALL, &m->hdr,
+			     sizeof(m->hdr), &b, m->cgroup);
 }
 
 struct sk_buff *vgpu_genl_event_skb(const struct vgpu_event *ev,
 				    const void *params, u32 plen,
 				    const void *data, u32 dlen)
 {
-	struct sk_buff *skb;
-	void *hdr;
+	struct vgpu_blocks b = {
+		.params = params,
+		.params_len = plen,
+		.data = data,
+		.data_len = dlen,
+	};
 
-	skb = vgpu_genl_new(VGPU_CMD_EVENT,
-			    nla_total_size(sizeof(*ev)) +
-			    nla_total_size(plen) + nla_total_size(dlen), &hdr);
-	if (!skb)
-		return NULL;
-	if (nla_put(skb, VGPU_A_EVENT, sizeof(*ev), ev))
-		goto nospace;
-	if (params && nla_put(skb, VGPU_A_PARAMS, plen, params))
-		goto nospace;
-	if (data && nla_put(skb, VGPU_A_DATA, dlen, data))
-		goto nospace;
-	genlmsg_end(skb, hdr);
-	return skb;
-nospace:
-	nlmsg_free(skb);
-	return NULL;
+	return vgpu_genl_msg(VGPU_CMD_EVENT, VGPU_A_EVENT, ev, sizeof(*ev), &b,
+			     NULL);
 }
 
 /* Consumes @skb. Never blocks: a full receive queue is an error. */
@@ -468,8 +459,16 @@ err_notifier:
 	return err;
 }
 
+/*
+ * Undoes vgpu_genl_init(). With the family goes the daemon's way in: no
+ * daemon can register any more, nor a SCHEDULE record a group turned off,
+ * so what they left is dropped too (no emulated file is open by now, so no
+ * upcall waits).
+ */
 void vgpu_genl_exit(void)
 {
 	genl_unregister_family(&vgpu_genl_family);
 	netlink_unregister_notifier(&vgpu_nl_notifier);
+	vgpu_sched_exit();
+	vgpu_upcall_exit();
 }

@@ -4,6 +4,7 @@
  * Module parameters, counters, and init/exit in mirrored order.
  */
 #include <linux/build_bug.h>
+#include <linux/genetlink.h>
 #include <linux/module.h>
 #include <linux/moduleparam.h>
 #include <linux/stddef.h>
@@ -57,10 +58,23 @@ static void __init vgpu_check_abi(void)
 	BUILD_BUG_ON(sizeof(struct vgpu_sched_result) != 8);
 	BUILD_BUG_ON(offsetof(struct vgpu_stats, contexts) != 8);
 	BUILD_BUG_ON(offsetof(struct vgpu_stats, mmaps) != 112);
+	/* The NVIDIA layouts the module reads or writes (nvidia/nv_ioctl.h). */
 	BUILD_BUG_ON(sizeof(struct nv_ioctl_xfer) != 16);
+	BUILD_BUG_ON(sizeof(struct nv_register_fd) != 4);
+	BUILD_BUG_ON(offsetof(struct nvos33_with_fd, fd) != 48);
+	BUILD_BUG_ON(sizeof(struct nvos33_with_fd) != 56);
+	BUILD_BUG_ON(offsetof(struct nvos02_with_fd, fd) != 48);
+	BUILD_BUG_ON(sizeof(struct nvos02_with_fd) != 56);
+	BUILD_BUG_ON(sizeof(struct nvos21) != 32);
+	BUILD_BUG_ON(sizeof(struct nvos64) != 48);
 	BUILD_BUG_ON(VGPU_NODE_UVM >= VGPU_NODE_KINDS);
 }
 
+/*
+ * Three steps, undone in reverse order by the error path and by exit alike:
+ * the filter (the fast path's bitmap), the generic netlink family (the
+ * daemon's way in), the emulated device files (the tenants' way in).
+ */
 static int __init vgpu_init(void)
 {
 	int err;
@@ -69,7 +83,7 @@ static int __init vgpu_init(void)
 	vgpu_filter_init();
 	err = vgpu_genl_init();
 	if (err)
-		return err;
+		goto err_filter;
 	err = vgpu_chardev_init();
 	if (err)
 		goto err_genl;
@@ -79,7 +93,7 @@ static int __init vgpu_init(void)
 
 err_genl:
 	vgpu_genl_exit();
-	vgpu_upcall_exit();
+err_filter:
 	vgpu_filter_exit();
 	return err;
 }
@@ -88,8 +102,6 @@ static void __exit vgpu_exit(void)
 {
 	vgpu_chardev_exit();
 	vgpu_genl_exit();
-	vgpu_sched_exit();
-	vgpu_upcall_exit();
 	vgpu_filter_exit();
 }
 
@@ -99,3 +111,7 @@ module_exit(vgpu_exit);
 MODULE_LICENSE("GPL");
 MODULE_AUTHOR("vgpud project");
 MODULE_DESCRIPTION("Emulated NVIDIA device files with daemon upcalls");
+/* As kmod/dkms.conf's PACKAGE_VERSION. */
+MODULE_VERSION("0.1.0");
+/* Resolving the family "vgpu" (CTRL_CMD_GETFAMILY) loads the module. */
+MODULE_ALIAS_GENL_FAMILY(VGPU_GENL_NAME);

@@ -35,71 +35,15 @@
 #include <linux/timekeeping.h>
 #include <linux/uaccess.h>
 
+#include <nvidia/nv_rm.h>
+
 #include "vgpu.h"
 #include "trace.h"
-
-#define NV_IOCTL_MAGIC			'F'
-#define NV_ESC_RM_CONTROL		0x2A
-#define NV_ESC_RM_ALLOC			0x2B
-#define NVA06C_CTRL_CMD_GPFIFO_SCHEDULE	0xA06C0101
-#define KEPLER_CHANNEL_GROUP_A		0xA06C
-
-/* RM_ALLOC params: NVOS21 (32 bytes) or NVOS64 (48), and where their status lies. */
-#define NVOS21_SIZE			32
-#define NVOS21_STATUS			28
-#define NVOS64_SIZE			48
-#define NVOS64_STATUS			40
-
-/**
- * struct nvos21_head - what NVOS21 and NVOS64 begin with
- * @h_root: the RM client
- * @h_object_parent: the parent object
- * @h_object_new: the new object's handle (after the call: as the driver left it)
- * @h_class: the new object's class
- */
-struct nvos21_head {
-	u32 h_root;
-	u32 h_object_parent;
-	u32 h_object_new;
-	u32 h_class;
-};
-
-/**
- * struct nvos54 - params of NV_ESC_RM_CONTROL
- * @h_client: the RM client
- * @h_object: the object the control is exported on
- * @cmd: the control command
- * @flags: zero
- * @params: user pointer to the command's params
- * @params_size: their size
- * @status: out: the NVIDIA status
- */
-struct nvos54 {
-	u32 h_client;
-	u32 h_object;
-	u32 cmd;
-	u32 flags;
-	u64 params;
-	u32 params_size;
-	u32 status;
-};
-
-/**
- * struct nva06c_gpfifo_schedule - params of GPFIFO_SCHEDULE
- * @enable: 1 on, 0 off
- * @skip_submit: zero
- * @skip_enable: zero
- */
-struct nva06c_gpfifo_schedule {
-	u8 enable;
-	u8 skip_submit;
-	u8 skip_enable;
-};
 
 /* What the daemon's mapping holds during one call. */
 struct vgpu_sched_block {
 	struct nvos54 ctl;
-	struct nva06c_gpfifo_schedule params;
+	struct nva06c_gpfifo_schedule_params params;
 };
 
 /* Most groups remembered as off; an "off" entry past it gets -ENOSPC. */
@@ -141,7 +85,7 @@ static void vgpu_sched_one(struct file *backing, const struct vgpu_sched *s,
 	blk.ctl.cmd = NVA06C_CTRL_CMD_GPFIFO_SCHEDULE;
 	blk.ctl.params = ubuf + offsetof(struct vgpu_sched_block, params);
 	blk.ctl.params_size = sizeof(blk.params);
-	blk.params.enable = s->enable == VGPU_SCHED_ON;
+	blk.params.b_enable = s->enable == VGPU_SCHED_ON;
 	if (!backing->f_op->unlocked_ioctl) {
 		r->error = -ENOTTY;
 		return;
@@ -315,7 +259,7 @@ int vgpu_schedule(const struct vgpu_sched *in, u32 n,
 	BUILD_BUG_ON(sizeof(struct nvos54) != 32);
 	BUILD_BUG_ON(offsetof(struct nvos54, params) != 16);
 	BUILD_BUG_ON(offsetof(struct nvos54, status) != 28);
-	BUILD_BUG_ON(sizeof(struct nva06c_gpfifo_schedule) != 3);
+	BUILD_BUG_ON(sizeof(struct nva06c_gpfifo_schedule_params) != 3);
 	BUILD_BUG_ON(sizeof(struct vgpu_sched_block) > PAGE_SIZE);
 
 	err = vgpu_sched_check(in, n, why);
@@ -349,14 +293,14 @@ int vgpu_schedule(const struct vgpu_sched *in, u32 n,
 bool vgpu_sched_alloc_layout(u32 nr, u32 size)
 {
 	return nr == NV_ESC_RM_ALLOC &&
-	       (size == NVOS21_SIZE || size == NVOS64_SIZE);
+	       (size == sizeof(struct nvos21) || size == sizeof(struct nvos64));
 }
 
 /**
  * vgpu_sched_new_group - turn off a channel group the caller has just made
  * @ctx: the caller's context, whose file the RM_ALLOC went through
  * @params: the RM_ALLOC params as the driver left them
- * @size: their size, NVOS21_SIZE or NVOS64_SIZE (checked with the verdict)
+ * @size: their size, that of NVOS21 or NVOS64 (checked with the verdict)
  *
  * Runs in the caller's process before its RM_ALLOC returns (the driver
  * reads the control from the current process's memory), so the group is
@@ -370,23 +314,23 @@ void vgpu_sched_new_group(struct vgpu_ctx *ctx, const void *params, u32 size)
 {
 	struct vgpu_sched s = { .ctx_id = ctx->id };
 	struct vgpu_sched_result r = {};
-	struct nvos21_head head;
+	const struct nvos21 *head = params;	/* NVOS64 begins alike */
 	unsigned long ubuf;
 	u32 status;
 	int added;
 	u64 t0;
 
-	BUILD_BUG_ON(sizeof(struct nvos21_head) != 16);
+	BUILD_BUG_ON(offsetof(struct nvos64, h_class) !=
+		     offsetof(struct nvos21, h_class));
 	if (!vgpu_sched_alloc_layout(NV_ESC_RM_ALLOC, size))
 		return;
-	memcpy(&head, params, sizeof(head));
-	memcpy(&status, params + (size == NVOS21_SIZE ? NVOS21_STATUS :
-				   NVOS64_STATUS), sizeof(status));
-	if (status || head.h_class != KEPLER_CHANNEL_GROUP_A ||
-	    !head.h_object_new || !current->mm)
+	status = size == sizeof(struct nvos21) ? head->status :
+		 ((const struct nvos64 *)params)->status;
+	if (status || head->h_class != KEPLER_CHANNEL_GROUP_A ||
+	    !head->h_object_new || !current->mm)
 		return;
-	s.h_client = head.h_root;
-	s.h_object = head.h_object_new;
+	s.h_client = head->h_root;
+	s.h_object = head->h_object_new;
 
 	t0 = trace_vgpu_schedule_enabled() ? ktime_get_ns() : 0;
 	added = vgpu_sched_off_add(&s);

@@ -1,18 +1,18 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * Upcalls to the daemon: the registered responder, the table of pending
- * upcalls, the fail policy, and the filter that selects the slow path.
+ * upcalls and the fail policy.
  *
  * Every upcall completes exactly once. Four parties race to complete it: the
  * verdict handler, the daemon's death (URELEASE or UNREGISTER), the waiter's
  * timeout and a fatal signal to the waiter. Whoever unlinks the request from
  * the pending table under vgpu_daemon.lock owns the outcome; the others see
- * an unlinked request and back off.
+ * an unlinked request and back off. The table is a hash by upcall id, so a
+ * verdict finds its request without walking the others.
  */
 #include <linux/completion.h>
 #include <linux/jiffies.h>
-#include <linux/list.h>
-#include <linux/mutex.h>
+#include <linux/hashtable.h>
 #include <linux/sched.h>
 #include <linux/skbuff.h>
 #include <linux/slab.h>
@@ -25,7 +25,8 @@
 
 /**
  * struct vgpu_req - one upcall waiting for its verdict (on the waiter's stack)
- * @node: link in vgpu_daemon.pending; empty once the request is owned
+ * @node: link in vgpu_daemon.pending, by @id; unhashed once the request is
+ *	owned
  * @id: the upcall id
  * @kind: enum vgpu_upcall_kind, decides which verdicts fit
  * @nr: the escape number (VGPU_VERDICT_F_SCHED_OFF fits RM_ALLOC only)
@@ -45,7 +46,7 @@
  * handler never allocates and never writes past what the waiter sent.
  */
 struct vgpu_req {
-	struct list_head node;
+	struct hlist_node node;
 	u64 id;
 	u32 kind;
 	u32 nr;
@@ -61,73 +62,45 @@ struct vgpu_req {
 
 /*
  * The registered responder and the upcalls sent to it. @lock protects all
- * fields and the list links of every request on @pending; it is only taken
- * in process context and never held while sleeping.
+ * fields and the hash links of every request in @pending: a request is
+ * added, found and removed only under it. It is only taken in process
+ * context and never held while sleeping or copying user memory.
  */
 static struct {
 	spinlock_t lock;		/* protects the fields below */
 	struct net *net;		/* reference held while registered */
 	u32 portid;			/* 0 when no daemon is registered */
-	struct list_head pending;	/* struct vgpu_req.node */
+	DECLARE_HASHTABLE(pending, 8);	/* struct vgpu_req.node, by id */
 } vgpu_daemon = {
 	.lock = __SPIN_LOCK_UNLOCKED(vgpu_daemon.lock),
-	.pending = LIST_HEAD_INIT(vgpu_daemon.pending),
 };
 
 static atomic64_t vgpu_upcall_ids = ATOMIC64_INIT(0);
 
-/* Serializes writers of vgpu_filter and vgpu_hot; readers use RCU. */
-static DEFINE_MUTEX(vgpu_filter_mutex);
-struct vgpu_filter __rcu *vgpu_filter;
-
-/*
- * Per node kind, the escape numbers (low 8 bits) that need more than a plain
- * forward: those some rule of the filter names, IOCTL_XFER_CMD and the
- * fd-bearing escapes. The ioctl fast path reads it without a lock: a set bit
- * only sends the call down the full path, which reads the filter under RCU;
- * bits a new filter needs are set before it is published, and bits it no
- * longer needs are cleared after.
- */
-unsigned long vgpu_hot[VGPU_NODE_KINDS][BITS_TO_LONGS(256)];
-
-/* Caller holds vgpu_filter_mutex (or is module init). */
-static void vgpu_hot_set(const struct vgpu_filter *f, bool keep)
-{
-	DECLARE_BITMAP(base, 256);
-	unsigned long v;
-	u32 node, w;
-
-	for (node = 0; node < VGPU_NODE_KINDS; node++) {
-		bitmap_zero(base, 256);
-		if (node != VGPU_NODE_UVM)
-			__set_bit(NV_ESC_IOCTL_XFER_CMD, base);
-		vgpu_fdx_mark(base, node);
-		for (w = 0; w < BITS_TO_LONGS(256); w++) {
-			v = base[w];
-			if (f)
-				v |= f->nr_map[node][w];
-			if (keep)
-				v |= vgpu_hot[node][w];
-			WRITE_ONCE(vgpu_hot[node][w], v);
-		}
-	}
-}
-
-void vgpu_filter_init(void)
-{
-	vgpu_hot_set(NULL, false);
-}
-
 /* Caller holds vgpu_daemon.lock. Completes every pending request with @err. */
 static void vgpu_pending_fail_locked(int err)
 {
-	struct vgpu_req *req, *tmp;
+	struct vgpu_req *req;
+	struct hlist_node *tmp;
+	unsigned int bkt;
 
-	list_for_each_entry_safe(req, tmp, &vgpu_daemon.pending, node) {
-		list_del_init(&req->node);
+	hash_for_each_safe(vgpu_daemon.pending, bkt, tmp, req, node) {
+		hash_del(&req->node);
 		req->err = err;
 		complete(&req->done);
 	}
+}
+
+/* The pending request @id, or NULL. Caller holds vgpu_daemon.lock. */
+static struct vgpu_req *vgpu_pending_find_locked(u64 id)
+{
+	struct vgpu_req *req;
+
+	/* At most one request per id is pending (see vgpu_upcall()). */
+	hash_for_each_possible(vgpu_daemon.pending, req, node, id)
+		if (req->id == id)
+			return req;
+	return NULL;
 }
 
 /* Drops the registered daemon; caller holds the lock. Returns its net. */
@@ -203,8 +176,11 @@ u32 vgpu_daemon_portid(void)
 	return READ_ONCE(vgpu_daemon.portid);
 }
 
-/* Returns a referenced net of the daemon and its port, or NULL for none. */
-static struct net *vgpu_daemon_get(u32 *portid)
+/*
+ * Returns a referenced net of the daemon and its port, or NULL for none.
+ * With @req, makes it pending with that daemon in the same step.
+ */
+static struct net *vgpu_daemon_get(u32 *portid, struct vgpu_req *req)
 {
 	struct net *net = NULL;
 
@@ -212,6 +188,8 @@ static struct net *vgpu_daemon_get(u32 *portid)
 	if (vgpu_daemon.portid) {
 		net = get_net(vgpu_daemon.net);
 		*portid = vgpu_daemon.portid;
+		if (req)
+			hash_add(vgpu_daemon.pending, &req->node, req->id);
 	}
 	spin_unlock(&vgpu_daemon.lock);
 	return net;
@@ -241,8 +219,8 @@ static bool vgpu_req_claim(struct vgpu_req *req)
 	bool owned = false;
 
 	spin_lock(&vgpu_daemon.lock);
-	if (!list_empty(&req->node)) {
-		list_del_init(&req->node);
+	if (hash_hashed(&req->node)) {
+		hash_del(&req->node);
 		owned = true;
 	}
 	spin_unlock(&vgpu_daemon.lock);
@@ -258,6 +236,32 @@ static int vgpu_req_result(struct vgpu_req *req, struct vgpu_upcall_msg *msg,
 	*v = req->verdict;
 	msg->replied = req->replied;
 	return VGPU_OUT_VERDICT;
+}
+
+/* A request for @msg, not yet pending; assigns @msg's id unless set. */
+static void vgpu_req_init(struct vgpu_req *req, struct vgpu_upcall_msg *msg)
+{
+	*req = (struct vgpu_req) {
+		.id = msg->hdr.id ? msg->hdr.id :
+				    atomic64_inc_return(&vgpu_upcall_ids),
+		.kind = msg->hdr.kind,
+		.nr = msg->hdr.nr,
+		.params_len = msg->params ? msg->params_len : 0,
+		.data_len = msg->data ? msg->data_len : 0,
+		.reply_params = msg->reply_params,
+		.reply_data = msg->reply_data,
+	};
+	INIT_HLIST_NODE(&req->node);
+	init_completion(&req->done);
+	msg->hdr.id = req->id;
+	msg->replied = 0;
+}
+
+/* The upcall could not be sent: no daemon, its socket is gone, no memory. */
+static int vgpu_upcall_lost(const struct vgpu_req *req)
+{
+	vgpu_count(lost);
+	return vgpu_fail_policy(req, -EHOSTDOWN);
 }
 
 /**
@@ -278,7 +282,7 @@ static int vgpu_req_result(struct vgpu_req *req, struct vgpu_upcall_msg *msg,
  */
 int vgpu_upcall(struct vgpu_upcall_msg *msg, struct vgpu_verdict *v)
 {
-	struct vgpu_req req = {};
+	struct vgpu_req req;
 	struct sk_buff *skb;
 	struct net *net;
 	unsigned long timeout;
@@ -286,41 +290,17 @@ int vgpu_upcall(struct vgpu_upcall_msg *msg, struct vgpu_verdict *v)
 	long left;
 	int err;
 
-	req.id = msg->hdr.id ? msg->hdr.id : atomic64_inc_return(&vgpu_upcall_ids);
-	req.kind = msg->hdr.kind;
-	req.nr = msg->hdr.nr;
-	req.params_len = msg->params ? msg->params_len : 0;
-	req.data_len = msg->data ? msg->data_len : 0;
-	req.reply_params = msg->reply_params;
-	req.reply_data = msg->reply_data;
-	msg->replied = 0;
-	INIT_LIST_HEAD(&req.node);
-	init_completion(&req.done);
-	msg->hdr.id = req.id;
-
-	if (!vgpu_daemon_portid()) {
-		vgpu_count(lost);
-		return vgpu_fail_policy(&req, -EHOSTDOWN);
-	}
+	vgpu_req_init(&req, msg);
+	if (!vgpu_daemon_portid())
+		return vgpu_upcall_lost(&req);
 	skb = vgpu_genl_upcall_skb(msg);
-	if (!skb) {
-		vgpu_count(lost);
-		return vgpu_fail_policy(&req, -EHOSTDOWN);
-	}
-
-	/* Link before sending: the verdict may arrive before send returns. */
-	spin_lock(&vgpu_daemon.lock);
-	net = NULL;
-	if (vgpu_daemon.portid) {
-		net = get_net(vgpu_daemon.net);
-		portid = vgpu_daemon.portid;
-		list_add_tail(&req.node, &vgpu_daemon.pending);
-	}
-	spin_unlock(&vgpu_daemon.lock);
+	if (!skb)
+		return vgpu_upcall_lost(&req);
+	/* Pending before sent: the verdict may arrive before send returns. */
+	net = vgpu_daemon_get(&portid, &req);
 	if (!net) {
 		kfree_skb(skb);
-		vgpu_count(lost);
-		return vgpu_fail_policy(&req, -EHOSTDOWN);
+		return vgpu_upcall_lost(&req);
 	}
 
 	trace_vgpu_upcall_send(req.id, msg->hdr.ctx_id, msg->hdr.kind,
@@ -330,8 +310,7 @@ int vgpu_upcall(struct vgpu_upcall_msg *msg, struct vgpu_verdict *v)
 	if (err) {
 		if (!vgpu_req_claim(&req))
 			return vgpu_req_result(&req, msg, v);
-		vgpu_count(lost);
-		return vgpu_fail_policy(&req, -EHOSTDOWN);
+		return vgpu_upcall_lost(&req);
 	}
 	vgpu_count(upcalls);
 
@@ -457,6 +436,31 @@ static int vgpu_verdict_fits(const struct vgpu_req *req,
 	}
 }
 
+/*
+ * Takes @req out of the table and completes it with the daemon's answer,
+ * copying a REPLY's blocks into the waiter's buffers. Caller holds
+ * vgpu_daemon.lock and found @req pending: unlinking it makes this the
+ * owner of its outcome.
+ */
+static void vgpu_req_answer_locked(struct vgpu_req *req,
+				   const struct vgpu_verdict *v,
+				   const struct vgpu_blocks *b)
+{
+	hash_del(&req->node);
+	req->replied = 0;
+	if (b->params) {
+		memcpy(req->reply_params, b->params, b->params_len);
+		req->replied |= VGPU_REPLIED_PARAMS;
+	}
+	if (b->data) {
+		memcpy(req->reply_data, b->data, b->data_len);
+		req->replied |= VGPU_REPLIED_DATA;
+	}
+	req->verdict = *v;
+	req->err = 0;
+	complete(&req->done);
+}
+
 /**
  * vgpu_verdict - apply a verdict from the daemon
  * @net: the sender's net
@@ -477,7 +481,6 @@ int vgpu_verdict(struct net *net, u32 portid, const struct vgpu_verdict *v,
 		 const struct vgpu_blocks *b, const char **why)
 {
 	struct vgpu_req *req;
-	bool found = false;
 	int err;
 
 	err = vgpu_verdict_check(v, b, why);
@@ -490,14 +493,8 @@ int vgpu_verdict(struct net *net, u32 portid, const struct vgpu_verdict *v,
 	}
 	if (err)
 		goto bad;
-	/* At most one request per id is pending (see vgpu_upcall()). */
-	list_for_each_entry(req, &vgpu_daemon.pending, node) {
-		if (req->id == v->id) {
-			found = true;
-			break;
-		}
-	}
-	if (!found) {
+	req = vgpu_pending_find_locked(v->id);
+	if (!req) {
 		spin_unlock(&vgpu_daemon.lock);
 		vgpu_count(lost);
 		*why = "no such pending upcall (completed, timed out or unknown)";
@@ -506,19 +503,7 @@ int vgpu_verdict(struct net *net, u32 portid, const struct vgpu_verdict *v,
 	err = vgpu_verdict_fits(req, v, b, why);
 	if (err)
 		goto bad;
-	list_del_init(&req->node);
-	req->replied = 0;
-	if (b->params) {
-		memcpy(req->reply_params, b->params, b->params_len);
-		req->replied |= VGPU_REPLIED_PARAMS;
-	}
-	if (b->data) {
-		memcpy(req->reply_data, b->data, b->data_len);
-		req->replied |= VGPU_REPLIED_DATA;
-	}
-	req->verdict = *v;
-	req->err = 0;
-	complete(&req->done);
+	vgpu_req_answer_locked(req, v, b);
 	spin_unlock(&vgpu_daemon.lock);
 
 	vgpu_count(verdicts);
@@ -549,7 +534,7 @@ void vgpu_event(const struct vgpu_event *ev, const void *params, u32 plen,
 	struct net *net;
 	u32 portid;
 
-	net = vgpu_daemon_get(&portid);
+	net = vgpu_daemon_get(&portid, NULL);
 	if (!net)
 		return;
 	skb = vgpu_genl_event_skb(ev, params, plen, data, dlen);
@@ -570,238 +555,4 @@ void vgpu_upcall_exit(void)
 	spin_unlock(&vgpu_daemon.lock);
 	if (old)
 		put_net(old);
-}
-
-/* --- the filter --- */
-
-#define VGPU_NODE_MASK_ALL	(BIT(VGPU_NODE_CTL) | BIT(VGPU_NODE_GPU) | \
-				 BIT(VGPU_NODE_UVM))
-
-/* Does [off, off + len) fit in a params block of @size (0: any size)? */
-static bool vgpu_off_ok(u32 off, u32 len, u32 size)
-{
-	u32 limit = size ? size : VGPU_PARAMS_MAX;
-
-	return limit >= len && off <= limit - len;
-}
-
-static int vgpu_rule_check(const struct vgpu_rule *r, const char **why)
-{
-	if (!r->node_mask || (r->node_mask & ~VGPU_NODE_MASK_ALL)) {
-		*why = "rule node_mask is empty or has unknown bits";
-		return -EINVAL;
-	}
-	if (r->flags & ~(VGPU_RULE_F_POST | VGPU_RULE_F_SHADOW)) {
-		*why = "unknown rule flags";
-		return -EINVAL;
-	}
-	/* A UVM call's size is the rule's: a shadow needs to know it. */
-	if ((r->flags & VGPU_RULE_F_SHADOW) &&
-	    (r->node_mask & BIT(VGPU_NODE_UVM)) && !r->size) {
-		*why = "VGPU_RULE_F_SHADOW on the UVM node needs the params size";
-		return -EINVAL;
-	}
-	if (r->n_match > VGPU_RULE_MATCH_MAX) {
-		*why = "rule n_match over VGPU_RULE_MATCH_MAX";
-		return -EINVAL;
-	}
-	if (r->size > VGPU_PARAMS_MAX) {
-		*why = "rule size over VGPU_PARAMS_MAX";
-		return -EINVAL;
-	}
-	if (r->match_off != VGPU_OFF_NONE &&
-	    !vgpu_off_ok(r->match_off, sizeof(u32), r->size)) {
-		*why = "rule match_off + 4 exceeds the params size";
-		return -EINVAL;
-	}
-	if (r->ptr_off != VGPU_OFF_NONE) {
-		if (!vgpu_off_ok(r->ptr_off, sizeof(u64), r->size)) {
-			*why = "rule ptr_off + 8 exceeds the params size";
-			return -EINVAL;
-		}
-		if (r->len_off == VGPU_OFF_NONE ||
-		    !vgpu_off_ok(r->len_off, sizeof(u32), r->size)) {
-			*why = "rule len_off missing or + 4 exceeds the params size";
-			return -EINVAL;
-		}
-	}
-	return 0;
-}
-
-/**
- * vgpu_filter_set - validate and install a new filter, atomically
- * @flags: VGPU_FILTER_*
- * @rules: the rules (may be unaligned netlink payload)
- * @n_rules: how many
- * @why: set to a message for the sender on error
- *
- * Return: 0, -EINVAL for an invalid rule, -ENOMEM.
- */
-int vgpu_filter_set(u32 flags, const void *rules, u32 n_rules,
-		    const char **why)
-{
-	struct vgpu_filter *f, *old;
-	struct vgpu_rule *r;
-	u32 i;
-	int err;
-
-	if (n_rules > VGPU_RULES_MAX) {
-		*why = "more than VGPU_RULES_MAX rules";
-		return -EINVAL;
-	}
-	f = kzalloc(struct_size(f, rules, n_rules), GFP_KERNEL);
-	if (!f)
-		return -ENOMEM;
-	f->flags = flags;
-	f->n_rules = n_rules;
-	if (n_rules)
-		memcpy(f->rules, rules, n_rules * sizeof(*r));
-	for (i = 0; i < n_rules; i++) {
-		r = &f->rules[i];
-		err = vgpu_rule_check(r, why);
-		if (err) {
-			kfree(f);
-			return err;
-		}
-		if (r->node_mask & BIT(VGPU_NODE_CTL))
-			__set_bit(r->nr & 0xff, f->nr_map[VGPU_NODE_CTL]);
-		if (r->node_mask & BIT(VGPU_NODE_GPU))
-			__set_bit(r->nr & 0xff, f->nr_map[VGPU_NODE_GPU]);
-		if (r->node_mask & BIT(VGPU_NODE_UVM))
-			__set_bit(r->nr & 0xff, f->nr_map[VGPU_NODE_UVM]);
-	}
-
-	mutex_lock(&vgpu_filter_mutex);
-	vgpu_hot_set(f, true);
-	old = rcu_replace_pointer(vgpu_filter, f,
-				  lockdep_is_held(&vgpu_filter_mutex));
-	synchronize_rcu();	/* no reader sees @old: its bits may go */
-	vgpu_hot_set(f, false);
-	mutex_unlock(&vgpu_filter_mutex);
-	if (old)
-		kfree_rcu(old, rcu);
-	return 0;
-}
-
-/* Does the filter have all VGPU_FILTER_* bits of @flag? */
-bool vgpu_filter_wants(u32 flag)
-{
-	struct vgpu_filter *f;
-	bool wants;
-
-	rcu_read_lock();
-	f = rcu_dereference(vgpu_filter);
-	wants = f && (f->flags & flag) == flag;
-	rcu_read_unlock();
-	return wants;
-}
-
-static bool vgpu_rule_selects(const struct vgpu_rule *r, u32 node, u32 nr)
-{
-	return (r->node_mask & BIT(node)) && r->nr == nr;
-}
-
-/**
- * vgpu_filter_candidates - may some rule select this call?
- * @node: enum vgpu_node
- * @nr: escape number (UVM: the command)
- * @size: in: the call's params size; out: how many bytes of params to copy
- *
- * The quick reject of the fast path. On the UVM node the size of a call is
- * not encoded in its command: a rule's size is the call's size, and the
- * copy covers the largest candidate rule.
- */
-bool vgpu_filter_candidates(u32 node, u32 nr, u32 *size)
-{
-	const struct vgpu_rule *r;
-	struct vgpu_filter *f;
-	bool any = false;
-	u32 i, max = 0;
-
-	rcu_read_lock();
-	f = rcu_dereference(vgpu_filter);
-	if (!f || !test_bit(nr & 0xff, f->nr_map[node]))
-		goto out;
-	for (i = 0; i < f->n_rules; i++) {
-		r = &f->rules[i];
-		if (!vgpu_rule_selects(r, node, nr))
-			continue;
-		if (node == VGPU_NODE_UVM) {
-			max = max(max, r->size);
-			any = true;
-		} else if (!r->size || r->size == *size) {
-			any = true;
-			break;
-		}
-	}
-	if (node == VGPU_NODE_UVM)
-		*size = max;
-out:
-	rcu_read_unlock();
-	return any;
-}
-
-/**
- * vgpu_filter_match - the first rule that selects this call
- * @node: enum vgpu_node
- * @nr: escape number
- * @size: the call's params size (UVM: the number of bytes in @params)
- * @params: the kernel copy of the params
- * @out: the matching rule, copied
- * @eff: the params size of the call under that rule
- */
-bool vgpu_filter_match(u32 node, u32 nr, u32 size, const void *params,
-		       struct vgpu_rule *out, u32 *eff)
-{
-	const struct vgpu_rule *r;
-	struct vgpu_filter *f;
-	bool found = false;
-	u32 i, j, n, key, len;
-
-	rcu_read_lock();
-	f = rcu_dereference(vgpu_filter);
-	if (!f)
-		goto out;
-	for (i = 0; i < f->n_rules && !found; i++) {
-		r = &f->rules[i];
-		if (!vgpu_rule_selects(r, node, nr))
-			continue;
-		if (node == VGPU_NODE_UVM) {
-			if (r->size > size)
-				continue;	/* filter changed under us */
-			len = r->size;
-		} else {
-			if (r->size && r->size != size)
-				continue;
-			len = size;
-		}
-		if (r->match_off == VGPU_OFF_NONE) {
-			found = true;
-		} else if (vgpu_off_ok(r->match_off, sizeof(u32), len) && len) {
-			key = get_unaligned((const u32 *)(params + r->match_off));
-			n = min_t(u32, r->n_match, VGPU_RULE_MATCH_MAX);
-			for (j = 0; j < n; j++) {
-				if (r->match[j] == key) {
-					found = true;
-					break;
-				}
-			}
-		}
-		if (found) {
-			*out = *r;
-			*eff = len;
-		}
-	}
-out:
-	rcu_read_unlock();
-	return found;
-}
-
-/* Module exit: no reader is left. */
-void vgpu_filter_exit(void)
-{
-	struct vgpu_filter *f;
-
-	f = rcu_replace_pointer(vgpu_filter, NULL, true);
-	kfree(f);
 }

@@ -13,6 +13,7 @@
 #include <linux/rcupdate.h>
 #include <linux/bitmap.h>
 #include <linux/bits.h>
+#include <nvidia/nv_ioctl.h>
 #include <uapi/linux/vgpu.h>
 
 struct net;
@@ -23,24 +24,6 @@ struct sk_buff;
 #define VGPU_MINOR_UVM		254
 #define VGPU_MINOR_CTL		255
 #define VGPU_MINORS		256
-
-/* NVIDIA escape numbers the module itself needs to know. */
-#define NV_ESC_RM_ALLOC_MEMORY	0x27
-#define NV_ESC_RM_MAP_MEMORY	0x4E
-#define NV_ESC_REGISTER_FD	201
-#define NV_ESC_IOCTL_XFER_CMD	211
-
-/**
- * struct nv_ioctl_xfer - params of NV_ESC_IOCTL_XFER_CMD
- * @cmd: the wrapped escape
- * @size: size of its params
- * @ptr: user pointer to its params
- */
-struct nv_ioctl_xfer {
-	u32 cmd;
-	u32 size;
-	u64 ptr;
-};
 
 /* Module parameters (main.c). */
 extern char *vgpu_backing_dir;
@@ -114,25 +97,6 @@ struct vgpu_ctx {
 	u32 gid;
 	struct rcu_head rcu;
 };
-
-/**
- * struct vgpu_filter - the daemon's selection of slow-path calls; immutable
- * @flags: VGPU_FILTER_*
- * @n_rules: entries in @rules
- * @nr_map: per node kind, bit (nr & 0xff) set when some rule may match
- * @rcu: for kfree_rcu after a swap
- * @rules: the rules, in the daemon's order (first match wins)
- */
-struct vgpu_filter {
-	u32 flags;
-	u32 n_rules;
-	DECLARE_BITMAP(nr_map[VGPU_NODE_KINDS], 256);
-	struct rcu_head rcu;
-	struct vgpu_rule rules[];
-};
-
-/* The current filter, NULL for none. Written under vgpu_filter_mutex. */
-extern struct vgpu_filter __rcu *vgpu_filter;
 
 /* chardev.c */
 extern const struct file_operations vgpu_fops;
@@ -264,6 +228,7 @@ void vgpu_daemon_gone(struct net *net, u32 portid);
 u32 vgpu_daemon_portid(void);
 void vgpu_upcall_exit(void);
 
+/* filter.c */
 extern unsigned long vgpu_hot[VGPU_NODE_KINDS][BITS_TO_LONGS(256)];
 
 /* Does a call with this escape need more than a plain forward? */

@@ -1,14 +1,21 @@
 """NVIDIA param layouts: sizes and offsets pinned from the ABI facts, and checked
-with gcc against C mirrors written from nvos.h (NvU64/NvP64 8-byte aligned)."""
+with gcc against C mirrors written from nvos.h (NvU64/NvP64 8-byte aligned).
+The modules' own definitions (kmod/include/nvidia/) are checked against the same
+layouts and against the numbers of vgpud/nvidia/escapes.py."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
-from test_uapi_layout import c_layouts, needs_gcc, py_layouts
+from test_uapi_layout import ROOT, c_layouts, needs_gcc, py_layouts, run_c
 
+from vgpud.nvidia import escapes as E
 from vgpud.nvidia import layouts as L
+
+KMOD_INCLUDE = ROOT / "kmod/include"
+KMOD_HEADERS = ("nvidia/nv_ioctl.h", "nvidia/nv_rm.h", "nvidia/nv_status.h")
 
 SIZES = {
     "NVOS00_PARAMETERS": 16,
@@ -151,3 +158,119 @@ def test_sizes_pinned() -> None:
 def test_offsets_pinned(name: str) -> None:
     layout = next(lay for lay in L.LAYOUTS if lay.name == name)
     assert {f: layout.offsets[f] for f in OFFSETS[name]} == OFFSETS[name]
+
+
+# The modules' structs for NVIDIA's: field names in lower case with underscores
+# (hObjectNew: h_object_new), NVOS32's union members named.
+KMOD_STRUCTS = {
+    "NVOS00_PARAMETERS": "nvos00", "NVOS21_PARAMETERS": "nvos21",
+    "NVOS64_PARAMETERS": "nvos64", "NVOS54_PARAMETERS": "nvos54",
+    "nv_ioctl_nvos33_parameters_with_fd": "nvos33_with_fd",
+    "nv_ioctl_nvos02_parameters_with_fd": "nvos02_with_fd",
+    "NVOS32_PARAMETERS": "nvos32", "NVOS32_INFO_PARAMETERS": "nvos32",
+    "NVOS55_PARAMETERS": "nvos55",
+    "NV_MEMORY_ALLOCATION_PARAMS": "nv_memory_allocation_params",
+    "NV0080_ALLOC_PARAMETERS": "nv0080_alloc_params", "NV2080_CTRL_FB_INFO": "nv2080_fb_info",
+    "NV2080_CTRL_FB_GET_INFO_PARAMS": "nv2080_fb_get_info_params",
+    "NV2080_CTRL_FB_GET_INFO_V2_PARAMS": "nv2080_fb_get_info_v2_params",
+}
+KMOD_FIELDS = {"internalflags": "internal_flags", "fbInfoListSize": "list_size",
+               "fbInfoList": "list"}
+NVOS32_UNION = {"NVOS32_PARAMETERS": "data.alloc_size.", "NVOS32_INFO_PARAMETERS": "data.info."}
+NVOS32_HEAD = frozenset({"hRoot", "hObjectParent", "function", "hVASpace", "ivcHeapNumber",
+                         "status", "total", "free"})
+
+# Layouts that only the modules use (the daemon has no CStruct for them), from
+# the ABI facts: the XFER wrapper, REGISTER_FD's params, GPFIFO_SCHEDULE's.
+KMOD_ONLY = {
+    "nv_ioctl_xfer": (16, dict(cmd=0, size=4, ptr=8)),
+    "nv_register_fd": (4, dict(ctl_fd=0)),
+    "nva06c_gpfifo_schedule_params": (3, dict(b_enable=0, b_skip_submit=1, b_skip_enable=2)),
+}
+
+KMOD_PRELUDE = """
+#include <stdint.h>
+typedef uint8_t u8; typedef uint16_t u16; typedef uint32_t u32; typedef uint64_t u64;
+typedef int16_t s16; typedef int32_t s32;
+""" + "".join(f"#include <{h}>\n" for h in KMOD_HEADERS) + """
+#include <stdio.h>
+#include <stddef.h>
+"""
+
+
+def kmod_field(layout: str, field: str) -> str:
+    if layout in NVOS32_UNION and field not in NVOS32_HEAD:
+        return NVOS32_UNION[layout] + kmod_field("", field)
+    snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", field).lower()
+    return KMOD_FIELDS.get(field, snake)
+
+
+def kmod_program(items: list[tuple[str, str]]) -> str:
+    body = "".join(f'printf("%s %lld\\n", "{key}", (long long)({expr}));\n'
+                   for key, expr in items)
+    return KMOD_PRELUDE + "int main(void) {\n" + body + "return 0; }\n"
+
+
+@needs_gcc
+def test_kmod_structs_match_nvidia(tmp_path: Path) -> None:
+    items, want = [], py_layouts(L.LAYOUTS)
+    for lay in L.LAYOUTS:
+        tag = f"struct {KMOD_STRUCTS[lay.name]}"
+        items.append((lay.name, f"sizeof({tag})"))
+        items += [(f"{lay.name}.{f}", f"offsetof({tag}, {kmod_field(lay.name, f)})")
+                  for f in lay.offsets]
+    for name, (size, offsets) in KMOD_ONLY.items():
+        items.append((name, f"sizeof(struct {name})"))
+        want[name] = size
+        for f, off in offsets.items():
+            items.append((f"{name}.{f}", f"offsetof(struct {name}, {f})"))
+            want[f"{name}.{f}"] = off
+    assert run_c(tmp_path, kmod_program(items), KMOD_INCLUDE) == want
+
+
+def _py_numbers() -> dict[str, int]:
+    """The daemon's value of every number both sides name, by the header's name."""
+    out = {"NV_IOCTL_MAGIC": E.IOCTL_MAGIC, "NV_ABSOLUTE_MAX_IOCTL_SIZE": E.XFER_SIZE_MAX,
+           "UVM_INITIALIZE": E.UvmCmd.INITIALIZE,
+           "NV2080_CTRL_FB_INFO_MAX_LIST_SIZE": E.FB_INFO_MAX_LIST_SIZE,
+           "NVOS32_ALLOC_FLAGS_VIRTUAL": E.NVOS32_ALLOC_FLAGS_VIRTUAL,
+           "NV_OK": E.NvStatus.OK, "NV01_ROOT_CLIENT": E.NvClass.ROOT_CLIENT,
+           "NV01_DEVICE_0": E.NvClass.DEVICE_0, "NV20_SUBDEVICE_0": E.NvClass.SUBDEVICE_0,
+           "NV01_MEMORY_SYSTEM": E.NvClass.MEMORY_SYSTEM,
+           "NV01_MEMORY_LOCAL_PRIVILEGED": E.NvClass.MEMORY_LOCAL_PRIVILEGED,
+           "NV01_MEMORY_LOCAL_USER": E.NvClass.MEMORY_LOCAL_USER}
+    out |= {f"NV_ESC_{e.name}": e for e in E.Escape}
+    out |= {f"NV_ERR_{s.name}": s for s in E.NvStatus if s}
+    out |= {c.name: c for c in (E.NvClass.NV50_MEMORY_VIRTUAL, E.NvClass.FERMI_VASPACE_A,
+                                 E.NvClass.KEPLER_CHANNEL_GROUP_A)}
+    out |= {f"NV2080_CTRL_CMD_{c.name}": c for c in (E.Ctrl.FB_GET_INFO, E.Ctrl.FB_GET_INFO_V2)}
+    out |= {f"NVA06C_CTRL_CMD_{c.name}": c for c in (
+        E.Ctrl.GPFIFO_SCHEDULE, E.Ctrl.SET_TIMESLICE, E.Ctrl.GET_TIMESLICE)}
+    out |= {f"NV2080_CTRL_FB_INFO_INDEX_{i.name}": i for i in E.FbInfoIndex}
+    out |= {f"NVOS32_FUNCTION_{f.name}": f for f in E.VidHeapFunction}
+    return {k: int(v) for k, v in out.items()}
+
+
+@needs_gcc
+def test_kmod_numbers_match_daemon(tmp_path: Path) -> None:
+    text = "".join((KMOD_INCLUDE / h).read_text() for h in KMOD_HEADERS)
+    defined = set(re.findall(r"^#define\s+(NV\w+|UVM_\w+|[A-Z]+_CHANNEL_GROUP_A|FERMI_\w+)\s",
+                             text, flags=re.M))
+    py = _py_numbers()
+    both = sorted(defined & py.keys())
+    # Every escape the modules name, and the numbers vgpu acts on, are compared.
+    assert {n for n in defined if n.startswith("NV_ESC_")} <= set(both)
+    assert {"NV_IOCTL_MAGIC", "KEPLER_CHANNEL_GROUP_A", "NVA06C_CTRL_CMD_GPFIFO_SCHEDULE",
+            "NV_ERR_NO_MEMORY"} <= set(both)
+    got = run_c(tmp_path, kmod_program([(n, n) for n in both]), KMOD_INCLUDE)
+    assert got == {n: py[n] for n in both}
+
+
+def test_vgpu_includes_nothing_of_nvsim() -> None:
+    """The production module and the shared headers never reach into the simulator."""
+    sources = [*(ROOT / "kmod/vgpu").glob("*.[ch]"), *(ROOT / "kmod/include").rglob("*.h")]
+    assert len(sources) > 10
+    for src in sources:
+        includes = re.findall(r'^#\s*include\s+[<"]([^>"]+)[>"]', src.read_text(), flags=re.M)
+        assert not [i for i in includes if "nvsim" in i], src
+    assert "nvsim" not in (ROOT / "kmod/vgpu/Kbuild").read_text()

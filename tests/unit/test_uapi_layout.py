@@ -19,6 +19,16 @@ SIZES = {"vgpu_rule": 160, "vgpu_upcall": 80, "vgpu_verdict": 32, "vgpu_event": 
          "vgpu_sched": 24, "vgpu_sched_result": 8}
 
 
+def run_c(tmp_path: Path, source: str, include: Path = UAPI_DIR) -> dict[str, int]:
+    """Compile and run a C program whose lines print `name value`."""
+    src = tmp_path / "layout.c"
+    src.write_text(source)
+    exe = tmp_path / "layout"
+    subprocess.run(["gcc", "-Wall", "-Werror", f"-I{include}", "-o", exe, src], check=True)
+    out = subprocess.run([exe], check=True, capture_output=True, text=True).stdout
+    return {k: int(v) for k, v in (line.split() for line in out.splitlines())}
+
+
 def c_layouts(tmp_path: Path, header: str, layouts, prelude: str = "") -> dict[str, int]:
     """Compile and run a program printing sizeof/offsetof for every field."""
     lines = [f"#include <{header}>" if header else "", "#include <stdio.h>",
@@ -29,12 +39,7 @@ def c_layouts(tmp_path: Path, header: str, layouts, prelude: str = "") -> dict[s
         for fld in lay.offsets:
             lines.append(f'printf("{lay.name}.{fld} %zu\\n", offsetof({tag}, {fld}));')
     lines += ["return 0; }"]
-    src = tmp_path / "layout.c"
-    src.write_text("\n".join(lines))
-    exe = tmp_path / "layout"
-    subprocess.run(["gcc", "-Wall", "-Werror", f"-I{UAPI_DIR}", "-o", exe, src], check=True)
-    out = subprocess.run([exe], check=True, capture_output=True, text=True).stdout
-    return {k: int(v) for k, v in (line.split() for line in out.splitlines())}
+    return run_c(tmp_path, "\n".join(lines))
 
 
 def py_layouts(layouts) -> dict[str, int]:

@@ -131,6 +131,10 @@ async def resolve_family(name: str = uapi.GENL_NAME) -> int:
     pyroute2's synchronous socket runs in a worker thread: its asyncio
     transport needs a datagram endpoint for AF_NETLINK, which uvloop (the
     daemon's loop) does not provide. This is setup, once per channel.
+
+    A family the kernel does not know makes it load the module that claims
+    it (vgpu.ko's MODULE_ALIAS_GENL_FAMILY) before it answers, so an
+    installed module is loaded here; ENOENT means no module could be.
     """
     try:
         return await asyncio.get_running_loop().run_in_executor(
@@ -139,6 +143,7 @@ async def resolve_family(name: str = uapi.GENL_NAME) -> int:
         if exc.code == errno.ENOENT:
             raise FamilyNotFound(
                 f"generic netlink family {name!r} not found: is vgpu.ko loaded?"
+                " (the kernel loads it on demand only when modprobe finds it)"
             ) from None
         raise ChannelError(f"resolving generic netlink family {name!r}: {exc}") from exc
 
