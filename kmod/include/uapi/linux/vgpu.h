@@ -20,6 +20,12 @@
  *      VGPU_CMD_SCHEDULE (channel-group scheduling through the owner's file).
  *   3: VGPU_VERDICT_F_SCHED_OFF (a new channel group is turned off before
  *      the call returns); VGPU_SCHED_OWNER_OFF.
+ *   4: hostile tenants: VGPU_CMD_OBJECT (the driver's truth about an
+ *      object, asked in the daemon's process); FAIL_STATUS answers a POST
+ *      upcall; VGPU_EVENT_ABANDONED and VGPU_EVENT_REVOKED; VGPU_CMD_REVOKE;
+ *      nested lists in a rule's buffer (VGPU_A_NESTED, VGPU_A_DATA2); the
+ *      opener's start time (VGPU_A_OPENER, VGPU_A_OPENERS); VGPU_A_STATS4;
+ *      DENY errnos limited to 1..511.
  *
  * The protocol is append-only: new commands, attributes and enum values are
  * added at the end; existing layouts never change.
@@ -31,7 +37,7 @@
 
 #define VGPU_GENL_NAME		"vgpu"
 #define VGPU_GENL_VERSION	1
-#define VGPU_PROTO_VERSION	3
+#define VGPU_PROTO_VERSION	4
 
 /* Kinds of emulated node. A rule's node_mask is a set of (1 << node). */
 enum vgpu_node {
@@ -117,6 +123,11 @@ struct vgpu_mmap_params {
 #define VGPU_UPCALL_F_XFER	(1U << 0) /* came wrapped in IOCTL_XFER_CMD */
 #define VGPU_UPCALL_F_DATA_FAULT (1U << 1) /* rule's pointer could not be read */
 #define VGPU_UPCALL_F_DATA_BIG	(1U << 2) /* rule's length over VGPU_PARAMS_MAX */
+#define VGPU_UPCALL_F_DATA2_FAULT (1U << 3) /* nested list could not be read */
+#define VGPU_UPCALL_F_DATA2_BIG	(1U << 4) /* nested list's count over its max */
+
+/* Largest errno a DENY may carry: the kernel's own 512.. are internal. */
+#define VGPU_ERRNO_MAX		511
 
 /**
  * struct vgpu_upcall - header of an upcall (VGPU_A_UPCALL)
@@ -188,7 +199,7 @@ enum vgpu_verdict_action {
  * struct vgpu_verdict - the daemon's answer to one upcall (VGPU_A_VERDICT)
  * @id: the upcall's id
  * @action: enum vgpu_verdict_action
- * @error: DENY: a positive errno (1..4095); else 0
+ * @error: DENY: a positive errno (1..VGPU_ERRNO_MAX); else 0
  * @status: FAIL_STATUS: the NVIDIA status written into the caller's params
  * @status_off: FAIL_STATUS: its offset; status_off + 4 <= params size
  * @flags: VGPU_VERDICT_F_*
@@ -200,8 +211,11 @@ enum vgpu_verdict_action {
  * which the module writes over the caller's params / the rule's buffer; the
  * call returns 0. ALLOW with VGPU_VERDICT_F_POST forwards the call and then
  * sends a POST upcall (instead of a POST event), whose verdict is ALLOW
- * (keep the driver's results) or REPLY. A POST upcall that gets no verdict
- * keeps the driver's results: the call has happened and cannot be undone.
+ * (keep the driver's results), REPLY, or FAIL_STATUS (v4: the status is
+ * written over the caller's params and the call returns 0; the daemon has
+ * undone the call, e.g. freed an allocation found over quota). A POST
+ * upcall that gets no verdict keeps the driver's results: the call has
+ * happened and cannot be undone.
  *
  * A verdict that does not fit its upcall is refused (-EINVAL) and changes
  * nothing; a verdict for an upcall that has completed is refused (-ENOENT).
@@ -220,19 +234,39 @@ struct vgpu_verdict {
 enum vgpu_event_kind {
 	VGPU_EVENT_POST = 1,	/* an allowed call returned (VGPU_RULE_F_POST) */
 	VGPU_EVENT_CLOSE = 2,	/* the last reference to a context is gone */
+	VGPU_EVENT_ABANDONED = 3, /* the module gave up on an upcall (v4) */
+	VGPU_EVENT_REVOKED = 4,	/* a context was revoked (v4) */
+};
+
+/*
+ * enum vgpu_revoke_reason - VGPU_EVENT_REVOKED's @nr
+ *
+ * A revoked context fails every later call (-EIO) and its backing file is
+ * released once the calls in flight have returned, which frees whatever the
+ * driver held for it.
+ */
+enum vgpu_revoke_reason {
+	VGPU_REVOKE_DAEMON = 1,		/* VGPU_CMD_REVOKE */
+	VGPU_REVOKE_SHADOW = 2,		/* a shadow was unmapped or replaced */
+	VGPU_REVOKE_RECHECK = 3,	/* params changed under a forwarded call */
 };
 
 /**
  * struct vgpu_event - header of an event (VGPU_A_EVENT)
  * @ctx_id: the context
- * @upcall_id: POST: the upcall it follows; else 0
+ * @upcall_id: POST, ABANDONED: the upcall it follows; else 0
  * @kind: enum vgpu_event_kind
- * @nr: POST: the escape number
- * @ret: POST: the driver's return value
+ * @nr: POST: the escape number; ABANDONED: the upcall's enum
+ *	vgpu_upcall_kind; REVOKED: enum vgpu_revoke_reason
+ * @ret: POST: the driver's return value; ABANDONED: the negative errno of
+ *	why (-ETIMEDOUT, -EINTR, -EHOSTDOWN, -ENOBUFS); else 0
  * @reserved: zero
  *
  * A POST event carries the params after the call (VGPU_A_PARAMS) and the
- * rule's buffer after the call (VGPU_A_DATA) when it could be read.
+ * rule's buffer after the call (VGPU_A_DATA) when it could be read. An
+ * ABANDONED event says that no verdict will be taken for that upcall (a
+ * late one gets -ENOENT): whatever the daemon reserved for it is free, and
+ * an abandoned OPEN upcall's context never existed.
  */
 struct vgpu_event {
 	__u64 ctx_id;
@@ -347,18 +381,132 @@ struct vgpu_sched_result {
 	__u32 status;
 };
 
+/**
+ * struct vgpu_opener - more of the opener (VGPU_A_OPENER, VGPU_A_OPENERS)
+ * @start_boottime_ns: the opening process's start time (boot clock), so
+ *	that a pid binding does not pass to a later process with the same pid
+ * @reserved: zero
+ *
+ * An OPEN upcall carries it; a LIST_CONTEXTS reply carries VGPU_A_OPENERS,
+ * one per entry of VGPU_A_CONTEXTS, in the same order.
+ */
+struct vgpu_opener {
+	__u64 start_boottime_ns;
+	__u64 reserved;
+};
+
+/* Most entries of one nested list (VGPU_A_DATA2). */
+#define VGPU_NESTED_MAX		256
+
+/**
+ * struct vgpu_rule_nested - a list behind a pointer in a rule's buffer
+ * @rule: index of the rule in VGPU_A_RULES; that rule names a buffer
+ * @ptr_off: offset in the rule's buffer of the list's u64 user pointer
+ * @count_off: offset in the rule's buffer of the u32 entry count
+ * @elem_size: size of one entry, 1..VGPU_PARAMS_MAX
+ * @max_count: most entries copied, 1..VGPU_NESTED_MAX; a larger count
+ *	sets VGPU_UPCALL_F_DATA2_BIG and copies nothing
+ * @reserved: zero
+ *
+ * The module copies the list in the caller's context and sends it as
+ * VGPU_A_DATA2; the driver is handed the module's copy (a shadow call); a
+ * REPLY may carry VGPU_A_DATA2 of the same length to rewrite it. A rule has
+ * at most one nested list.
+ */
+struct vgpu_rule_nested {
+	__u32 rule;
+	__u32 ptr_off;
+	__u32 count_off;
+	__u32 elem_size;
+	__u32 max_count;
+	__u32 reserved;
+};
+
+/*
+ * enum vgpu_obj_op_kind - what VGPU_CMD_OBJECT asks the driver
+ *
+ * Each operation is one RM call issued on the backing file of the context
+ * whose client owns the object, in the daemon's process, from a small
+ * private mapping of the daemon's memory: nothing of it is in the tenant's
+ * reach. @value of the result:
+ */
+enum vgpu_obj_op_kind {
+	VGPU_OBJ_CLASS = 1,	/* the object's class (CLIENT_GET_HANDLE_INFO) */
+	VGPU_OBJ_PARENT = 2,	/* its parent's handle (CLIENT_GET_HANDLE_INFO) */
+	VGPU_OBJ_MEM_SIZE = 3,	/* a memory object's size in bytes (GET_SURFACE_INFO) */
+	VGPU_OBJ_FREE = 4,	/* RM_FREE of the object and its subtree; 0 */
+};
+
+/* Most operations in one OBJECT request. */
+#define VGPU_OBJ_MAX		64
+
+/**
+ * struct vgpu_obj_op - one question to the driver about one object
+ * @ctx_id: the context (a nvidiactl file) whose client owns the object
+ * @h_client: the RM client
+ * @h_parent: the object's parent (VGPU_OBJ_FREE; else 0)
+ * @h_object: the object (the client itself to free the client)
+ * @op: enum vgpu_obj_op_kind
+ */
+struct vgpu_obj_op {
+	__u64 ctx_id;
+	__u32 h_client;
+	__u32 h_parent;
+	__u32 h_object;
+	__u32 op;
+};
+
+/**
+ * struct vgpu_obj_result - outcome of one struct vgpu_obj_op, same order
+ * @error: 0, or a negative errno (no such context: -ENOENT; not a nvidiactl
+ *	context: -EINVAL; the ioctl's own)
+ * @status: the NVIDIA status of the RM call (NV_OK = 0)
+ * @value: see enum vgpu_obj_op_kind; 0 when @error or @status is set
+ */
+struct vgpu_obj_result {
+	__s32 error;
+	__u32 status;
+	__u64 value;
+};
+
+/**
+ * struct vgpu_stats4 - counters added in v4 (VGPU_A_STATS4), monotonic
+ * @abandoned: upcalls given up (each also an ABANDONED event)
+ * @revoked: contexts revoked
+ * @tampered: calls whose shadow or params changed under them
+ * @throttled: callers that waited for an upcall slot of their context
+ * @proxies: fd proxies handed to the driver
+ * @objects: VGPU_CMD_OBJECT operations run
+ * @reserved: zero
+ */
+struct vgpu_stats4 {
+	__u64 abandoned;
+	__u64 revoked;
+	__u64 tampered;
+	__u64 throttled;
+	__u64 proxies;
+	__u64 objects;
+	__u64 reserved[2];
+};
+
 /* enum vgpu_cmd - generic netlink commands of the family */
 enum vgpu_cmd {
 	VGPU_CMD_UNSPEC,
-	/* daemon -> kernel: VERSION; becomes the responder (EBUSY if taken) */
+	/*
+	 * daemon -> kernel: VERSION; becomes the responder (EBUSY if taken).
+	 * v4: needs CAP_SYS_ADMIN in the initial user namespace.
+	 */
 	VGPU_CMD_REGISTER,
-	/* daemon -> kernel: FILTER_FLAGS, RULES (replaces the whole filter) */
+	/*
+	 * daemon -> kernel: FILTER_FLAGS, RULES, NESTED (replaces the whole
+	 * filter); v4: registered daemon only
+	 */
 	VGPU_CMD_SET_FILTER,
-	/* daemon -> kernel; reply carries STATS */
+	/* daemon -> kernel; reply carries STATS and STATS4 */
 	VGPU_CMD_GET_STATS,
-	/* kernel -> daemon: UPCALL, PARAMS, DATA, CGROUP */
+	/* kernel -> daemon: UPCALL, PARAMS, DATA, DATA2, CGROUP, OPENER */
 	VGPU_CMD_UPCALL,
-	/* daemon -> kernel: VERDICT */
+	/* daemon -> kernel: VERDICT (+ PARAMS, DATA, DATA2: REPLY) */
 	VGPU_CMD_VERDICT,
 	/* kernel -> daemon: EVENT, PARAMS, DATA */
 	VGPU_CMD_EVENT,
@@ -366,8 +514,9 @@ enum vgpu_cmd {
 	VGPU_CMD_UNREGISTER,
 	/*
 	 * daemon -> kernel: CURSOR (first ctx_id wanted); the reply carries
-	 * CONTEXTS (ascending ctx_id, at most VGPU_LIST_MAX) and CURSOR (next
-	 * ctx_id to ask for, 0 when the list is complete)
+	 * CONTEXTS (ascending ctx_id, at most VGPU_LIST_MAX), OPENERS (v4,
+	 * same order) and CURSOR (next ctx_id to ask for, 0 when the list is
+	 * complete)
 	 */
 	VGPU_CMD_LIST_CONTEXTS,
 	/*
@@ -376,6 +525,13 @@ enum vgpu_cmd {
 	 * Groups turned off are turned back on when a new daemon registers.
 	 */
 	VGPU_CMD_SCHEDULE,
+	/*
+	 * daemon -> kernel (registered daemon only, v4): OBJ, applied in
+	 * order; the reply carries OBJ_RESULT.
+	 */
+	VGPU_CMD_OBJECT,
+	/* daemon -> kernel (registered daemon only, v4): CTX_ID is revoked */
+	VGPU_CMD_REVOKE,
 
 	__VGPU_CMD_MAX,
 };
@@ -399,6 +555,14 @@ enum vgpu_attr {
 	VGPU_A_CONTEXTS,	/* array of struct vgpu_context */
 	VGPU_A_SCHED,		/* array of struct vgpu_sched */
 	VGPU_A_SCHED_RESULT,	/* array of struct vgpu_sched_result */
+	VGPU_A_OBJ,		/* array of struct vgpu_obj_op (v4) */
+	VGPU_A_OBJ_RESULT,	/* array of struct vgpu_obj_result (v4) */
+	VGPU_A_CTX_ID,		/* u64 (v4) */
+	VGPU_A_NESTED,		/* array of struct vgpu_rule_nested (v4) */
+	VGPU_A_DATA2,		/* binary, a rule's nested list (v4) */
+	VGPU_A_OPENER,		/* struct vgpu_opener (v4) */
+	VGPU_A_OPENERS,		/* array of struct vgpu_opener (v4) */
+	VGPU_A_STATS4,		/* struct vgpu_stats4 (v4) */
 
 	__VGPU_A_MAX,
 };
