@@ -58,6 +58,14 @@ static void __init vgpu_check_abi(void)
 	BUILD_BUG_ON(sizeof(struct vgpu_sched_result) != 8);
 	BUILD_BUG_ON(offsetof(struct vgpu_stats, contexts) != 8);
 	BUILD_BUG_ON(offsetof(struct vgpu_stats, mmaps) != 112);
+	BUILD_BUG_ON(sizeof(struct vgpu_opener) != 16);
+	BUILD_BUG_ON(sizeof(struct vgpu_rule_nested) != 24);
+	BUILD_BUG_ON(offsetof(struct vgpu_rule_nested, max_count) != 16);
+	BUILD_BUG_ON(sizeof(struct vgpu_obj_op) != 24);
+	BUILD_BUG_ON(offsetof(struct vgpu_obj_op, op) != 20);
+	BUILD_BUG_ON(sizeof(struct vgpu_obj_result) != 16);
+	BUILD_BUG_ON(offsetof(struct vgpu_obj_result, value) != 8);
+	BUILD_BUG_ON(sizeof(struct vgpu_stats4) != 64);
 	/* The NVIDIA layouts the module reads or writes (nvidia/nv_ioctl.h). */
 	BUILD_BUG_ON(sizeof(struct nv_ioctl_xfer) != 16);
 	BUILD_BUG_ON(sizeof(struct nv_register_fd) != 4);

@@ -358,8 +358,8 @@ static int vgpu_verdict_check(const struct vgpu_verdict *v,
 		}
 		break;
 	case VGPU_VERDICT_DENY:
-		if (v->error < 1 || v->error > MAX_ERRNO) {
-			*why = "DENY error must be in 1..4095";
+		if (v->error < 1 || v->error > VGPU_ERRNO_MAX) {
+			*why = "DENY error must be in 1..511";
 			return -EINVAL;
 		}
 		break;

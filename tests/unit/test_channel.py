@@ -19,7 +19,7 @@ from fakekernel import (
 )
 
 from vgpud.kernel import channel as ch
-from vgpud.kernel.uapi import Cmd, Filter, VerdictAction
+from vgpud.kernel.uapi import PROTO_VERSION, Cmd, Filter, VerdictAction
 from vgpud.nvidia import layouts as L
 from vgpud.policy.dispatch import Dispatcher
 from vgpud.policy.simple import DenyClasses
@@ -69,12 +69,12 @@ def test_register_filter_stats_unregister() -> None:
 @pytest.mark.parametrize(("err", "exc", "text"), [
     (errno.EBUSY, ch.AlreadyRegistered, "another vgpud is registered"),
     (errno.EPERM, ch.NotPermitted, "CAP_NET_ADMIN"),
-    (errno.EPROTONOSUPPORT, ch.ProtocolMismatch, "module speaks protocol v4, daemon v3"),
+    (errno.EPROTONOSUPPORT, ch.ProtocolMismatch, f"module speaks protocol v{PROTO_VERSION + 1}, daemon v{PROTO_VERSION}"),
     (errno.EINVAL, ch.RequestFailed, "register failed: Invalid argument"),
 ])
 def test_register_errors(err: int, exc: type, text: str) -> None:
     async def main():
-        channel, kernel = await pair(errors={Cmd.REGISTER: err}, stats=make_stats(version=4))
+        channel, kernel = await pair(errors={Cmd.REGISTER: err}, stats=make_stats(version=PROTO_VERSION + 1))
         with pytest.raises(exc, match=text):
             await channel.register()
         channel.close()

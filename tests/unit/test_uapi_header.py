@@ -64,6 +64,11 @@ PY_DEFINES = {
     "VGPU_UPCALL_F_XFER": uapi.UPCALL_F_XFER,
     "VGPU_UPCALL_F_DATA_FAULT": uapi.UPCALL_F_DATA_FAULT,
     "VGPU_UPCALL_F_DATA_BIG": uapi.UPCALL_F_DATA_BIG,
+    "VGPU_UPCALL_F_DATA2_FAULT": uapi.UPCALL_F_DATA2_FAULT,
+    "VGPU_UPCALL_F_DATA2_BIG": uapi.UPCALL_F_DATA2_BIG,
+    "VGPU_ERRNO_MAX": uapi.ERRNO_MAX,
+    "VGPU_NESTED_MAX": uapi.NESTED_MAX,
+    "VGPU_OBJ_MAX": uapi.OBJ_MAX,
     "VGPU_CMD_MAX": uapi.CMD_MAX,
     "VGPU_A_MAX": uapi.ATTR_MAX,
 }
@@ -76,6 +81,8 @@ PY_ENUMS = {
     "vgpu_cmd": ("VGPU_CMD_", uapi.Cmd),
     "vgpu_attr": ("VGPU_A_", uapi.Attr),
     "vgpu_sched_state": ("VGPU_SCHED_", uapi.SchedState),
+    "vgpu_revoke_reason": ("VGPU_REVOKE_", uapi.RevokeReason),
+    "vgpu_obj_op_kind": ("VGPU_OBJ_", uapi.ObjOpKind),
 }
 
 

@@ -16,7 +16,9 @@ UAPI_DIR = ROOT / "kmod/include/uapi"
 # Pinned on this side too, so that a change on both sides still shows up.
 SIZES = {"vgpu_rule": 160, "vgpu_upcall": 80, "vgpu_verdict": 32, "vgpu_event": 32,
          "vgpu_stats": 120, "vgpu_mmap_params": 24, "vgpu_context": 40,
-         "vgpu_sched": 24, "vgpu_sched_result": 8}
+         "vgpu_sched": 24, "vgpu_sched_result": 8, "vgpu_opener": 16,
+         "vgpu_rule_nested": 24, "vgpu_obj_op": 24, "vgpu_obj_result": 16,
+         "vgpu_stats4": 64}
 
 
 def run_c(tmp_path: Path, source: str, include: Path = UAPI_DIR) -> dict[str, int]:

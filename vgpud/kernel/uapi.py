@@ -1,4 +1,4 @@
-"""Mirror of kmod/include/uapi/linux/vgpu.h (protocol v3).
+"""Mirror of kmod/include/uapi/linux/vgpu.h (protocol v4).
 
 Kept in agreement with the header by tests/unit/test_uapi_header.py (values)
 and tests/unit/test_uapi_layout.py (sizes and offsets, from gcc).
@@ -14,7 +14,7 @@ from vgpud.kernel.cstruct import CStruct
 
 GENL_NAME = "vgpu"
 GENL_VERSION = 1
-PROTO_VERSION = 3
+PROTO_VERSION = 4
 
 OFF_NONE = 0xFFFFFFFF
 RULE_MATCH_MAX = 32
@@ -29,14 +29,18 @@ FILTER_UVM_MMAP = 1 << 1
 UPCALL_F_XFER = 1 << 0
 UPCALL_F_DATA_FAULT = 1 << 1
 UPCALL_F_DATA_BIG = 1 << 2
+UPCALL_F_DATA2_FAULT = 1 << 3  # the nested list could not be read
+UPCALL_F_DATA2_BIG = 1 << 4  # the nested list's count is over its max
 
 VERDICT_F_POST = 1 << 0
 VERDICT_F_SCHED_OFF = 1 << 1  # ALLOW of RM_ALLOC: a new channel group is made off
 
 LIST_MAX = 1024  # contexts in one LIST_CONTEXTS reply
 SCHED_MAX = 256  # entries in one SCHEDULE request
+OBJ_MAX = 64  # operations in one OBJECT request
+NESTED_MAX = 256  # entries of one nested list
 
-ERRNO_MAX = 4095
+ERRNO_MAX = 511  # the kernel's own 512.. are internal
 
 
 class Node(IntEnum):
@@ -62,6 +66,16 @@ class VerdictAction(IntEnum):
 class EventKind(IntEnum):
     POST = 1
     CLOSE = 2
+    ABANDONED = 3  # the module gave up on an upcall: no verdict will be taken
+    REVOKED = 4  # a context was revoked
+
+
+class RevokeReason(IntEnum):
+    """enum vgpu_revoke_reason: a REVOKED event's ``nr``."""
+
+    DAEMON = 1  # VGPU_CMD_REVOKE
+    SHADOW = 2  # a shadow was unmapped or replaced during the call
+    RECHECK = 3  # params changed under a forwarded call
 
 
 class Cmd(IntEnum):
@@ -75,6 +89,8 @@ class Cmd(IntEnum):
     UNREGISTER = 7
     LIST_CONTEXTS = 8
     SCHEDULE = 9
+    OBJECT = 10
+    REVOKE = 11
 
 
 CMD_MAX = max(Cmd)
@@ -96,6 +112,14 @@ class Attr(IntEnum):
     CONTEXTS = 12
     SCHED = 13
     SCHED_RESULT = 14
+    OBJ = 15
+    OBJ_RESULT = 16
+    CTX_ID = 17
+    NESTED = 18
+    DATA2 = 19
+    OPENER = 20
+    OPENERS = 21
+    STATS4 = 22
 
 
 ATTR_MAX = max(Attr)
@@ -201,7 +225,48 @@ SCHED_RESULT = CStruct(
     ("status", "I"),
 )
 
-LAYOUTS = (RULE, UPCALL, VERDICT, EVENT, STATS, MMAP_PARAMS, CONTEXT, SCHED, SCHED_RESULT)
+OPENER = CStruct(
+    "vgpu_opener",
+    ("start_boottime_ns", "Q"),
+    ("reserved", "Q"),
+)
+
+RULE_NESTED = CStruct(
+    "vgpu_rule_nested",
+    ("rule", "I"),
+    ("ptr_off", "I"),
+    ("count_off", "I"),
+    ("elem_size", "I"),
+    ("max_count", "I"),
+    ("reserved", "I"),
+)
+
+OBJ_OP = CStruct(
+    "vgpu_obj_op",
+    ("ctx_id", "Q"),
+    ("h_client", "I"),
+    ("h_parent", "I"),
+    ("h_object", "I"),
+    ("op", "I"),
+)
+
+OBJ_RESULT = CStruct(
+    "vgpu_obj_result",
+    ("error", "i"),
+    ("status", "I"),
+    ("value", "Q"),
+)
+
+STATS4 = CStruct(
+    "vgpu_stats4",
+    *((name, "Q") for name in (
+        "abandoned", "revoked", "tampered", "throttled", "proxies", "objects",
+    )),
+    ("reserved", "2Q"),
+)
+
+LAYOUTS = (RULE, UPCALL, VERDICT, EVENT, STATS, MMAP_PARAMS, CONTEXT, SCHED, SCHED_RESULT,
+           OPENER, RULE_NESTED, OBJ_OP, OBJ_RESULT, STATS4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,3 +463,79 @@ class SchedResult(NamedTuple):
     @classmethod
     def unpack(cls, buf: bytes | memoryview) -> SchedResult:
         return cls(*SCHED_RESULT.unpack_exact(buf))
+
+
+class Opener(NamedTuple):
+    """struct vgpu_opener: the opening process's start time (boot clock)."""
+
+    start_boottime_ns: int
+
+    @classmethod
+    def unpack(cls, buf: bytes | memoryview) -> Opener:
+        start, _reserved = OPENER.unpack_exact(buf)
+        return cls(start)
+
+
+class RuleNested(NamedTuple):
+    """struct vgpu_rule_nested: a list behind a pointer in a rule's buffer."""
+
+    rule: int  # index of the rule in the filter
+    ptr_off: int  # in the rule's buffer: the list's u64 pointer
+    count_off: int  # in the rule's buffer: the u32 entry count
+    elem_size: int
+    max_count: int
+
+    def pack(self) -> bytes:
+        return RULE_NESTED.struct.pack(*self, 0)
+
+
+class ObjOpKind(IntEnum):
+    """enum vgpu_obj_op_kind: what VGPU_CMD_OBJECT asks the driver."""
+
+    CLASS = 1  # the object's class
+    PARENT = 2  # its parent's handle
+    MEM_SIZE = 3  # a memory object's size in bytes
+    FREE = 4  # RM_FREE of the object and its subtree
+
+
+class ObjOp(NamedTuple):
+    """struct vgpu_obj_op: one question to the driver about one object."""
+
+    ctx_id: int
+    h_client: int
+    h_parent: int
+    h_object: int
+    op: ObjOpKind
+
+    def pack(self) -> bytes:
+        return OBJ_OP.struct.pack(self.ctx_id, self.h_client, self.h_parent, self.h_object,
+                                  int(self.op))
+
+
+class ObjResult(NamedTuple):
+    """struct vgpu_obj_result: 0 or -errno, the NVIDIA status, and the answer."""
+
+    error: int
+    status: int
+    value: int
+
+    @classmethod
+    def unpack(cls, buf: bytes | memoryview) -> ObjResult:
+        return cls(*OBJ_RESULT.unpack_exact(buf))
+
+
+@dataclass(frozen=True, slots=True)
+class Stats4:
+    """struct vgpu_stats4: the module counters added in protocol v4."""
+
+    abandoned: int
+    revoked: int
+    tampered: int
+    throttled: int
+    proxies: int
+    objects: int
+
+    @classmethod
+    def unpack(cls, buf: bytes | memoryview) -> Stats4:
+        *values, _r0, _r1 = STATS4.unpack_exact(buf)
+        return cls(*values)
