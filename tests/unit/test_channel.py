@@ -69,7 +69,8 @@ def test_register_filter_stats_unregister() -> None:
 @pytest.mark.parametrize(("err", "exc", "text"), [
     (errno.EBUSY, ch.AlreadyRegistered, "another vgpud is registered"),
     (errno.EPERM, ch.NotPermitted, "CAP_NET_ADMIN"),
-    (errno.EPROTONOSUPPORT, ch.ProtocolMismatch, f"module speaks protocol v{PROTO_VERSION + 1}, daemon v{PROTO_VERSION}"),
+    (errno.EPROTONOSUPPORT, ch.ProtocolMismatch,
+     f"module speaks protocol v{PROTO_VERSION + 1}, daemon v{PROTO_VERSION}"),
     (errno.EINVAL, ch.RequestFailed, "register failed: Invalid argument"),
 ])
 def test_register_errors(err: int, exc: type, text: str) -> None:
