@@ -75,7 +75,8 @@ def test_register_filter_stats_unregister() -> None:
 ])
 def test_register_errors(err: int, exc: type, text: str) -> None:
     async def main():
-        channel, kernel = await pair(errors={Cmd.REGISTER: err}, stats=make_stats(version=PROTO_VERSION + 1))
+        channel, kernel = await pair(errors={Cmd.REGISTER: err},
+                                     stats=make_stats(version=PROTO_VERSION + 1))
         with pytest.raises(exc, match=text):
             await channel.register()
         channel.close()
