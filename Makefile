@@ -4,7 +4,8 @@
 #   make test   lint, host tests, packaging checks and the VM tier
 # and one for a machine with a real NVIDIA GPU (docs/hardware.md):
 #   make gpu-check   facts, recorded traces and their replay check, under out/gpu-check
-.PHONY: deps modules nvtrace demo test test-host test-vm lint bench gpu-check clean
+.PHONY: deps modules nvtrace demo test test-host test-vm lint bench gpu-check \
+	gpu-check-wheels clean
 
 deps:
 	scripts/install-deps
@@ -38,6 +39,10 @@ bench: modules
 # Needs nothing but python3 and a C compiler; without a GPU it runs dry.
 gpu-check:
 	scripts/gpu-check
+
+# Wheels for the GPU machine (nothing can be downloaded there), into .whl/.
+gpu-check-wheels: deps
+	scripts/gpu-check-wheels
 
 clean:
 	$(MAKE) -C kmod clean
