@@ -256,6 +256,9 @@ def _fact_lines(facts: dict[str, Any]) -> list[str]:
 def _check_lines(check: dict[str, Any]) -> list[str]:
     lines = []
     for name, res in check.items():
+        if name == "probe":
+            lines.append(f"torch program: {json.dumps(res)}"[:160])
+            continue
         if not isinstance(res, dict) or "calls" not in res:
             lines.append(f"check {name}: no result ({res})"[:120])
             continue
@@ -280,6 +283,9 @@ def summary(out: Path, steps: Path) -> int:
     lines += [f"  {r[0]:<16} {r[1]:<5} {r[2]:>6} s  {r[3] if len(r) > 3 else ''}"[:120]
               for r in rows if r[0] != "dry"]
     lines += _check_lines(check if "error" not in check else {})
+    quota = (read(str(out / "quota.txt")) or "-").splitlines()
+    lines += [f"quota: {line}"[:160] for line in quota if not line.startswith("{")][:4]
+    lines += [f"quota program: {line}"[:200] for line in quota if line.startswith("{")][:1]
     lines.append(f"output: {out}")
     text = "\n".join(lines) + "\n"
     (out / "summary.txt").write_text(text)

@@ -3,17 +3,19 @@
     python3 scripts/gpu_probe.py torch    init, 1 GiB, a matmul, mem_get_info, a free
     python3 scripts/gpu_probe.py quota    1 GiB must fit, then 3 GiB must not
 
-Prints one JSON line of what it saw; exits 0 when the run went as it should
-(quota: the 1 GiB allocation succeeded and the 3 GiB one raised
-torch.cuda.OutOfMemoryError), 1 otherwise.
+Prints one JSON line of what it saw (also to $GPU_PROBE_OUT if set); exits 0
+when the run went as it should (quota: the 1 GiB allocation succeeded and the
+3 GiB one raised torch.cuda.OutOfMemoryError), 1 otherwise.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 GIB = 1 << 30
@@ -72,7 +74,10 @@ def main() -> int:
         out = quota_run(torch) if mode == "quota" else torch_run(torch)
     except Exception as exc:  # the summary reports what broke, whatever it is
         out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
-    print(json.dumps(out), flush=True)
+    line = json.dumps(out)
+    print(line, flush=True)
+    if os.environ.get("GPU_PROBE_OUT"):
+        Path(os.environ["GPU_PROBE_OUT"]).write_text(line + "\n")
     return 0 if out.get("ok") else 1
 
 

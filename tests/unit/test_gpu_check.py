@@ -61,12 +61,15 @@ def fake_facts() -> dict:
 
 def test_summary_of_a_gpu_run(tmp_path: Path) -> None:
     (tmp_path / "facts.json").write_text(json.dumps(fake_facts()))
-    check = {"torch": {"ok": False, "calls": 900, "decoded": 700, "unknown": {"X": 200},
+    check = {"probe": {"ok": True, "mem_get_info": [1, 2]},
+             "torch": {"ok": False, "calls": 900, "decoded": 700, "unknown": {"X": 200},
                        "findings": ["torch-1.nvtrace#42: escape 0x2b: size"],
                        "ledger": None, "ledger_skipped": "no pydantic"},
              "smi": {"ok": True, "calls": 50, "decoded": 40, "unknown": {}, "findings": [],
                      "ledger": [{"held_end": 0, "ledger_end": 0}], "ledger_skipped": None}}
     (tmp_path / "check.json").write_text(json.dumps(check))
+    (tmp_path / "quota.txt").write_text("vgpu loaded over /dev\nprogram exit status 0; its "
+                                        "output:\n{\"ok\": true, \"got_1g\": true}\n")
     steps = tmp_path / "steps.tsv"
     steps.write_text("recorder\tok\t1\t\ntrace-torch\tok\t30\t\nquota\tskip\t0\tno modules\n")
     assert gpu_check.summary(tmp_path, steps) == 0
@@ -79,6 +82,9 @@ def test_summary_of_a_gpu_run(tmp_path: Path) -> None:
     assert "torch-1.nvtrace#42" in text
     assert "check smi: PASS" in text
     assert "missing ['pydantic']" in text
+    assert 'torch program: {"ok": true, "mem_get_info": [1, 2]}' in text
+    assert "quota: program exit status 0" in text
+    assert 'quota program: {"ok": true, "got_1g": true}' in text
 
 
 class OutOfMemoryError(RuntimeError):

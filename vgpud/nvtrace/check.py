@@ -33,7 +33,7 @@ from vgpud.nvidia.layouts import (
     decode_call,
 )
 from vgpud.nvtrace.calls import Ioctl, NodeKind, events
-from vgpud.nvtrace.fmt import Meta, Trace
+from vgpud.nvtrace.fmt import Block, Meta, Trace
 from vgpud.nvtrace.ledger import LedgerResult, PolicyReplay
 from vgpud.nvtrace.model import page_round
 from vgpud.nvtrace.nvsim_src import NvsimModel
@@ -136,7 +136,7 @@ def _find(res: CheckResult, trace: Trace, ev: Ioctl, what: str) -> None:
                                 f"{' (XFER)' if ev.xfer else ''}: {what}"))
 
 
-def _whole(block: Any) -> bytes | None:
+def _whole(block: Block | None) -> bytes | None:
     return block.data if block is not None and block.whole else None
 
 

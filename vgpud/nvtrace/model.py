@@ -73,7 +73,7 @@ class HeldMemory:
         elif isinstance(c, VidHeapControl):
             self._vid_heap(c)
         elif isinstance(c, RmFree):
-            self._free(_key(c.h_root, c.h_object))
+            self._free((c.h_root, c.h_object))
         elif isinstance(c, RmDupObject):
             self._dup(c)
 
@@ -90,22 +90,22 @@ class HeldMemory:
         size = None
         if c.h_class in DEVICE_MEMORY_CLASSES and isinstance(c.alloc, MemoryAllocParams):
             size = page_round(c.alloc.size)
-        self._add((c.h_root, c.h_new), _key(c.h_root, c.h_parent), size)
+        self._add((c.h_root, c.h_new), (c.h_root, c.h_parent), size)
 
     def _vid_heap(self, c: VidHeapControl) -> None:
         if c.function == Fn.FREE:
             self._free((c.h_root, c.h_memory))
         elif (c.function == Fn.ALLOC_SIZE and c.alloc is not None
               and not c.alloc.flags & NVOS32_ALLOC_FLAGS_VIRTUAL):
-            self._add((c.h_root, c.alloc.h_memory), _key(c.h_root, c.h_parent),
+            self._add((c.h_root, c.alloc.h_memory), (c.h_root, c.h_parent),
                       page_round(c.alloc.size))
 
     def _dup(self, c: RmDupObject) -> None:
-        src = self._objs.get(_key(c.h_client_src, c.h_object_src))
+        src = self._objs.get((c.h_client_src, c.h_object_src))
         key = (c.h_client, c.h_object)
         if src is None or key in self._objs:
             return
-        self._link(key, _key(c.h_client, c.h_parent), src.alloc)
+        self._link(key, (c.h_client, c.h_parent), src.alloc)
         if src.alloc is not None:
             self._allocs[src.alloc][1] += 1
 
@@ -139,8 +139,3 @@ class HeldMemory:
             entry[1] -= 1
             if entry[1] == 0:
                 del self._allocs[obj.alloc]
-
-
-def _key(client: int, handle: int) -> Key:
-    """An object of ``client``; the client itself when ``handle`` is the client."""
-    return (client, handle)
