@@ -61,6 +61,6 @@ def test_quota_step_over_nvsim(placeholders: None, tmp_path: Path) -> None:
     report = (tmp_path / "quota.txt").read_text()
     print(res.stdout, res.stderr, report)
     assert res.returncode == 0
-    assert "bound over /dev: nvidia-uvm nvidia0 nvidia1 nvidiactl" in report
+    assert "(bound over /dev: nvidia-uvm nvidia0 nvidia1 nvidiactl)" in report
     assert "1 GiB status 0x0 3 GiB status 0x51" in report
     assert "quota: gpu-check asked 3221225472 bytes" in report
