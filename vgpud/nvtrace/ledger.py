@@ -107,6 +107,14 @@ class PolicyReplay:
         self._ids = itertools.count(1)
         self._ctxs = itertools.count(1)
 
+    def new_id(self) -> int:
+        """An upcall id, unique across the traces replayed."""
+        return next(self._ids)
+
+    def new_ctx(self) -> int:
+        """A context id (an open file of vgpu), unique across the traces replayed."""
+        return next(self._ctxs)
+
     def charged(self) -> int:
         return sum(u.charged + u.reserved for u in self.ledger.snapshot())
 
@@ -176,7 +184,7 @@ class _Run:
         if how == OpenHow.DUP and old in self.ctx_of:
             ctx = self.ctx_of[old]
         else:
-            ctx = next(self.r._ctxs)
+            ctx = self.r.new_ctx()
             if how == OpenHow.CALL and self.r.filter.flags & FILTER_OPEN:
                 v = self.upcall(ctx, UpcallKind.OPEN, node, ev.node.minor, 0, 0, b"",
                                 cgroup="/")
@@ -193,7 +201,7 @@ class _Run:
     def upcall(self, ctx: int, kind: UpcallKind, node: Node, minor: int, cmd: int, nr: int,
                params: bytes, *, flags: int = 0, data: bytes | None = None, ret: int = 0,
                uid: int | None = None, cgroup: str | None = None) -> Verdict:
-        up = Upcall(next(self.r._ids) if uid is None else uid, ctx, kind, node, minor, cmd,
+        up = Upcall(self.r.new_id() if uid is None else uid, ctx, kind, node, minor, cmd,
                     nr, flags, self.opener._replace(cgroup=cgroup), self.pid, self.pid,
                     params, data, ret)
         return self.r.dispatcher.on_upcall(up)
@@ -214,7 +222,7 @@ class _Run:
             return
         rule, eff = m
         data, flags = _rule_data(rule, params[:eff], ev)
-        uid = next(self.r._ids)
+        uid = self.r.new_id()
         res = self.result
         res.calls_up += 1
         res.up.update(inventory_keys(ev, params))
