@@ -2,13 +2,20 @@
 #   make demo   boots a Debian kernel in QEMU with nvsim + vgpu + vgpud and
 #               shows the interception path working
 #   make test   lint, host tests, packaging checks and the VM tier
-.PHONY: deps modules demo test test-host test-vm lint bench clean
+# and one for a machine with a real NVIDIA GPU (docs/hardware.md):
+#   make gpu-check   facts, recorded traces and their replay check, under out/gpu-check
+.PHONY: deps modules nvtrace demo test test-host test-vm lint bench gpu-check \
+	gpu-check-wheels clean
 
 deps:
 	scripts/install-deps
 
 modules: deps
 	$(MAKE) -C kmod modules
+
+# The LD_PRELOAD recorder of NVIDIA ioctl/mmap calls (docs/nvtrace.md).
+nvtrace:
+	$(MAKE) -C tools/nvtrace
 
 demo: modules
 	scripts/vm-run -- scripts/demo
@@ -30,5 +37,14 @@ lint:
 bench: modules
 	scripts/vm-run -- python tests/bench/bench_path.py
 
+# Needs nothing but python3 and a C compiler; without a GPU it runs dry.
+gpu-check:
+	scripts/gpu-check
+
+# Wheels for the GPU machine (nothing can be downloaded there), into .whl/.
+gpu-check-wheels: deps
+	scripts/gpu-check-wheels
+
 clean:
 	$(MAKE) -C kmod clean
+	$(MAKE) -C tools/nvtrace clean

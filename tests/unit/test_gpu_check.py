@@ -1,0 +1,119 @@
+"""scripts/gpu-check without a GPU (the dry run), its summary of a GPU run, and
+the PyTorch probe's verdicts against a stand-in torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import gpu_check  # noqa: E402
+import gpu_probe  # noqa: E402
+
+GIB = 1 << 30
+
+
+@pytest.mark.skipif(Path("/dev/nvidiactl").exists(), reason="a GPU is here: not a dry run")
+def test_dry_run(tmp_path: Path) -> None:
+    res = subprocess.run([str(ROOT / "scripts/gpu-check")],
+                         env={**os.environ, "OUT": str(tmp_path)}, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["check.json", "check.txt", "facts.json", "log.txt", "quota.txt",
+                     "summary.txt"]
+    summary = (tmp_path / "summary.txt").read_text()
+    assert summary == res.stdout
+    assert "DRY RUN: no NVIDIA GPU here" in summary
+    assert len(summary.splitlines()) <= 40
+    facts = json.loads((tmp_path / "facts.json").read_text())
+    assert set(facts["modules"]) >= {"modules_disabled", "build_dir", "can_build_and_load"}
+    assert facts["nodes"] == []
+    check = json.loads((tmp_path / "check.json").read_text())
+    assert check["data"]["ok"] is True  # the recorded traces, replayed here
+    assert "check data: PASS" in summary
+    assert "record-dry       ok" in summary and "quota            skip" in summary
+
+
+def fake_facts() -> dict:
+    return {
+        "uname": "Linux gpu 6.18.44-fc x86_64", "driver_proc": "NVRM version: 580.159.04",
+        "modules": {"can_build_and_load": False, "why_not": ["no CAP_SYS_MODULE"],
+                    "nvidia_in_proc_modules": True, "nvidia_initstate": "live"},
+        "nodes": [{"path": "/dev/nvidiactl", "major": 195, "minor": 255, "mode": "0o666"}],
+        "nvml": {"driver": "580.159.04", "cuda_driver": 13000,
+                 "inventory": [[0, "NVIDIA H200", 150 * GIB]],
+                 "devices": [{"index": 0, "name": "NVIDIA H200", "uuid": "GPU-1",
+                              "memory": {"total": 150 * GIB}, "mig_mode": [0, 0],
+                              "accounting_mode": 0, "process_utilization": {"error": "x"}}]},
+        "python": {"version": "3.12.3", "modules": {"torch": "2.11.0",
+                                                    "pydantic": {"error": "missing"}}},
+    }
+
+
+def test_summary_of_a_gpu_run(tmp_path: Path) -> None:
+    (tmp_path / "facts.json").write_text(json.dumps(fake_facts()))
+    check = {"probe": {"ok": True, "mem_get_info": [1, 2]},
+             "torch": {"ok": False, "calls": 900, "decoded": 700, "unknown": {"X": 200},
+                       "findings": ["torch-1.nvtrace#42: escape 0x2b: size"],
+                       "ledger": None, "ledger_skipped": "no pydantic"},
+             "smi": {"ok": True, "calls": 50, "decoded": 40, "unknown": {}, "findings": [],
+                     "ledger": [{"held_end": 0, "ledger_end": 0}], "ledger_skipped": None}}
+    (tmp_path / "check.json").write_text(json.dumps(check))
+    (tmp_path / "quota.txt").write_text("vgpu loaded over /dev\nprogram exit status 0; its "
+                                        "output:\n{\"ok\": true, \"got_1g\": true}\n")
+    steps = tmp_path / "steps.tsv"
+    steps.write_text("recorder\tok\t1\t\ntrace-torch\tok\t30\t\nquota\tskip\t0\tno modules\n")
+    assert gpu_check.summary(tmp_path, steps) == 0
+    text = (tmp_path / "summary.txt").read_text()
+    assert "DRY RUN" not in text
+    assert "driver: NVRM version: 580.159.04" in text
+    assert "nodes: nvidiactl 195:255 0o666" in text
+    assert "GPU 0 NVIDIA H200 GPU-1" in text and "MIG [0, 0]" in text
+    assert "check torch: FAIL 900 calls, 700 decoded, 200 not decoded, 1 findings" in text
+    assert "torch-1.nvtrace#42" in text
+    assert "check smi: PASS" in text
+    assert "missing ['pydantic']" in text
+    assert 'torch program: {"ok": true, "mem_get_info": [1, 2]}' in text
+    assert "quota: program exit status 0" in text
+    assert 'quota program: {"ok": true, "got_1g": true}' in text
+
+
+class OutOfMemoryError(RuntimeError):
+    pass
+
+
+class FakeTorch:
+    """Enough of torch for the probe: ``budget`` bytes of device memory."""
+
+    uint8 = "uint8"
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.used = 0
+        self.cuda = SimpleNamespace(
+            init=lambda: None, current_device=lambda: 0, get_device_name=lambda d: "Fake",
+            synchronize=lambda: None, mem_get_info=lambda: (self.budget - self.used,
+                                                            self.budget),
+            memory_allocated=lambda: self.used, empty_cache=lambda: None,
+            OutOfMemoryError=OutOfMemoryError)
+
+    def empty(self, n: int, dtype: str, device: str) -> SimpleNamespace:
+        if self.used + n > self.budget:
+            raise OutOfMemoryError(f"tried to allocate {n}")
+        self.used += n
+        return SimpleNamespace(fill_=lambda v: None)
+
+
+def test_quota_probe_verdicts() -> None:
+    assert gpu_probe.quota_run(FakeTorch(2 * GIB))["ok"] is True  # 1 GiB fits, 3 more do not
+    assert gpu_probe.quota_run(FakeTorch(512 << 20))["ok"] is False  # not even 1 GiB
+    assert gpu_probe.quota_run(FakeTorch(8 * GIB))["ok"] is False  # no quota at all
