@@ -16,6 +16,9 @@ from pathlib import Path
 __all__ = ["DEFAULT_SRC", "NvsimModel", "read_nvsim"]
 
 DEFAULT_SRC = Path(__file__).resolve().parents[2] / "kmod" / "nvsim"
+# The NVIDIA ABI nvsim shares with vgpu, beside nvsim's own header.
+_ABI_HEADERS = ("../include/nvidia/nv_ioctl.h", "../include/nvidia/nv_rm.h",
+                "../include/nvidia/nv_status.h", "nvsim.h")
 
 _DEFINE = re.compile(r"^#define\s+(\w+)\s+(0x[0-9a-fA-F]+|\d+)\b", re.M)
 _CASE = re.compile(r"\bcase\s+(\w+)\s*:")
@@ -52,7 +55,7 @@ def _values(names: list[str], defines: dict[str, int], what: str) -> frozenset[i
 def read_nvsim(src: Path = DEFAULT_SRC) -> NvsimModel:
     """The simulator's tables; ValueError when the sources do not have them."""
     try:
-        abi = (src / "nv_abi.h").read_text()
+        abi = "\n".join((src / name).read_text() for name in _ABI_HEADERS)
         ioctl = (src / "ioctl.c").read_text()
         objects = (src / "objects.c").read_text()
     except OSError as exc:

@@ -2,7 +2,7 @@
 vgpud.nvtrace, so that a move of those modules is followed in one place.
 
 Imports are made when asked for: the decoders need only the standard library,
-while the quota stack needs pydantic (and vgpud.daemon's imports), which a GPU
+while the quota stack needs pydantic, which a GPU
 machine may lack; ``QuotaStackMissing`` then says what is missing.
 """
 
@@ -36,8 +36,8 @@ class QuotaStackMissing(Exception):
 class QuotaStack(NamedTuple):
     """The policy as the daemon runs it, over a fresh ledger."""
 
-    dispatcher: Any  # vgpud.daemon.Dispatcher
-    policy: Any  # vgpud.quota.QuotaPolicy
+    dispatcher: Any  # vgpud.policy.dispatch.Dispatcher
+    policy: Any  # vgpud.policy.quota.QuotaPolicy
     ledger: Any  # vgpud.core.ledger.Ledger
 
 
@@ -46,12 +46,12 @@ def quota_stack(gpus: Iterable[tuple[int, str, int]]) -> QuotaStack:
 
     ``gpus``: the inventory, (index, name, total bytes)."""
     try:
-        from vgpud.config import parse_config
+        from vgpud.admin.manager import Manager
         from vgpud.core.ledger import Ledger
-        from vgpud.daemon import Dispatcher
-        from vgpud.manager import Manager
-        from vgpud.quota import QuotaPolicy
-        from vgpud.state import RuntimeState
+        from vgpud.policy.dispatch import Dispatcher
+        from vgpud.policy.quota import QuotaPolicy
+        from vgpud.store.config import parse_config
+        from vgpud.store.state import RuntimeState
     except ImportError as exc:
         raise QuotaStackMissing(f"{exc.name or exc}: {exc}") from exc
     ledger = Ledger()
@@ -63,6 +63,6 @@ def quota_stack(gpus: Iterable[tuple[int, str, int]]) -> QuotaStack:
 
 def nvml_inventory() -> list[tuple[int, str, int]]:
     """What the daemon's NVML inventory finds on this machine."""
-    from vgpud.inventory import from_nvml
+    from vgpud.host.inventory import from_nvml
 
-    return [(g.index, g.name, g.total) for g in from_nvml()]
+    return [(g.number, g.name, g.total) for g in from_nvml()]
