@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dbus_fixtures import GIB, make_manager, write_config
 
+from tests.support.bus import GIB, make_manager, write_config
 from vgpud.core.ledger import Denied, Key, Ledger, Reservation, UnknownTenant
 from vgpud.manager import (
     BINDINGS,

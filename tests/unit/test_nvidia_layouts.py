@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_uapi_layout import c_layouts, needs_gcc, py_layouts
 
+from tests.support.layouts import c_layouts, needs_gcc, py_layouts
 from vgpud.nvidia import layouts as L
 
 SIZES = {

@@ -5,8 +5,8 @@ from __future__ import annotations
 import errno
 
 import pytest
-from fakekernel import FAMILY, genl, upcall_msg
 
+from tests.support.fakekernel import FAMILY, genl, upcall_msg
 from vgpud.daemon import Dispatcher
 from vgpud.kernel import codec, uapi
 from vgpud.kernel.uapi import ALLOW, Cmd, Filter, Node, UpcallKind, Verdict, VerdictAction

@@ -23,11 +23,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import nvclient as nv
-from conftest import set_param
-
+from tests.support import nvclient as nv
+from tests.support.guest import ROOT, set_param
 from vgpud.daemon import Dispatcher
 from vgpud.kernel.channel import GenlChannel, query_module_stats
 from vgpud.kernel.codec import CloseEvent, Event, PostEvent
@@ -273,9 +270,8 @@ def vgpu_stats() -> dict[str, int]:
 
 
 WAITER = r"""
-import os, sys
-sys.path.insert(0, {tests!r})
-import nvclient as nv
+import sys
+from tests.support import nvclient as nv
 nodes = nv.NvNodes({vgpu!r})
 ctl = nodes.open_ctl()
 tree = nv.build_tree(ctl)
@@ -295,13 +291,13 @@ def waiters(vgpu: Path) -> Iterator[Callable[[int], list[subprocess.Popen[str]]]
     """
     set_param("vgpu", "upcall_timeout_ms", "20000")
     procs: list[subprocess.Popen[str]] = []
-    tests = str(Path(__file__).resolve().parents[1])
 
     def spawn(n: int) -> list[subprocess.Popen[str]]:
         batch = []
         for _ in range(n):
-            p = subprocess.Popen([sys.executable, "-c", WAITER.format(tests=tests, vgpu=str(vgpu))],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            p = subprocess.Popen([sys.executable, "-c", WAITER.format(vgpu=str(vgpu))],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                 cwd=ROOT)  # cwd: tests.support importable
             assert p.stdout is not None and p.stdout.readline().strip() == "ready"
             batch.append(p)
         procs.extend(batch)

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import NVSIM_KO, insmod, loaded, rmmod, wait_path
-from nvsim_fixtures import nvclient as nv
+
+from tests.support import nvclient as nv
+from tests.support.guest import NVSIM_KO, insmod, loaded, rmmod, wait_path
 
 pytestmark = pytest.mark.vm
 

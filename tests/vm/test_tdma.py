@@ -1,6 +1,6 @@
 """TDMA scheduling end to end: nvsim's work engine + vgpu + vgpud --config (+ D-Bus).
 
-Tenants are cgroups; tests/tdma_workload.py opens one nvidiactl file per
+Tenants are cgroups; tests/support/tdma_workload.py opens one nvidiactl file per
 tenant from inside its cgroup, allocates a channel group and keeps its
 pending work from draining. Shares are measured from nvsim's own busy
 counters (/proc/driver/nvsim/groups), not from the daemon.
@@ -9,89 +9,24 @@ counters (/proc/driver/nvsim/groups), not from the daemon.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-
-import nvclient as nv
-from conftest import remove_cgroup
-from dbus_fixtures import PrivateBus
-from vgpud_proc import Daemon
-
+from tests.support import nvclient as nv
+from tests.support.bus import PrivateBus
+from tests.support.guest import remove_cgroup
+from tests.support.tdma import CGROOT, Tenants, config_text, open_as_tenant
+from tests.support.vgpud_proc import Daemon
 from vgpud.admin.client import AdminClient
 from vgpud.admin.dbus import tenant_path
 
 pytestmark = pytest.mark.vm
 
-TESTS = Path(__file__).resolve().parents[1]
-WORKLOAD = str(TESTS / "tdma_workload.py")
-CGROOT = Path("/sys/fs/cgroup")
 FRAME_S = 0.1  # frame_ms = 100, the default
-
-
-def config_text(state: Path, weights: Sequence[int]) -> str:
-    text = f'[daemon]\nstate_path = "{state}"\nframe_ms = 100\n'
-    for i, weight in enumerate(weights):
-        text += (f'\n[[tenant]]\nname = "t{i}"\nweight = {weight}\n'
-                 f'match = [{{ cgroup = "/vgpu-tdma-t{i}" }}]\n')
-    return text
-
-
-class Tenants:
-    """The workload process(es) and what they allocated; tenant i is cgroup t{i}."""
-
-    def __init__(self, count: int, per_process: int = 16) -> None:
-        self.procs: list[subprocess.Popen[str]] = []
-        self.where: list[tuple[int, int]] = []  # tenant -> (process, index in it)
-        self.clients: list[int] = []
-        for first in range(0, count, per_process):
-            ids = range(first, min(count, first + per_process))
-            argv = [sys.executable, WORKLOAD, "/dev/vgpu"]
-            for i in ids:
-                argv += ["--cgroup", str(CGROOT / f"vgpu-tdma-t{i}")]
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    text=True)
-            self.procs.append(proc)
-            self.where += [(len(self.procs) - 1, j) for j in range(len(ids))]
-        for proc in self.procs:
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            assert line, "the workload died (see its stderr)"
-            self.clients += [t["client"] for t in json.loads(line)["tenants"]]
-
-    def command(self, tenant: int, what: str) -> None:
-        proc, index = self.where[tenant]
-        stdin = self.procs[proc].stdin
-        assert stdin is not None
-        stdin.write(f"{what} {index}\n")
-        stdin.flush()
-
-    def busy(self) -> list[int]:
-        by_client = {g.client: g.busy_ns for g in nv.proc_groups()}
-        return [by_client[c] for c in self.clients]
-
-    def pending(self, tenant: int) -> int:
-        return next(g.pending_ns for g in nv.proc_groups() if g.client == self.clients[tenant])
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.stdin is not None:
-                proc.stdin.close()
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def shares(before: Sequence[int], after: Sequence[int]) -> list[float]:
@@ -247,17 +182,6 @@ def test_weight_change_over_dbus_applies_at_the_next_frame(tdma) -> None:
     assert props["Weight"] == 300
     assert props["Share"] == {0: 75.0}
     assert abs(props["MeasuredShare"][0] - 75) <= 10, props
-
-
-def open_as_tenant(i: int) -> int:
-    """A nvidiactl file of tenant i: opened from inside its cgroup, then back home."""
-    home = CGROOT / Path(Path("/proc/self/cgroup").read_text().strip().split("::", 1)[1]
-                         ).relative_to("/")
-    (CGROOT / f"vgpu-tdma-t{i}" / "cgroup.procs").write_text(str(os.getpid()))
-    try:
-        return os.open("/dev/vgpu/nvidiactl", os.O_RDWR)
-    finally:
-        (home / "cgroup.procs").write_text(str(os.getpid()))
 
 
 def stats(ctl: int, client: int, group: int) -> nv.WorkStats:
