@@ -19,8 +19,8 @@ from tests.support.guest import ROOT
 CGROOT = Path("/sys/fs/cgroup")
 
 
-def config_text(state: Path, weights: Sequence[int]) -> str:
-    text = f'[daemon]\nstate_path = "{state}"\nframe_ms = 100\n'
+def config_text(state: Path, weights: Sequence[int], frame_ms: int = 100) -> str:
+    text = f'[daemon]\nstate_path = "{state}"\nframe_ms = {frame_ms}\n'
     for i, weight in enumerate(weights):
         text += (f'\n[[tenant]]\nname = "t{i}"\nweight = {weight}\n'
                  f'match = [{{ cgroup = "/vgpu-tdma-t{i}" }}]\n')
@@ -28,15 +28,19 @@ def config_text(state: Path, weights: Sequence[int]) -> str:
 
 
 class Tenants:
-    """The workload process(es) and what they allocated; tenant i is cgroup t{i}."""
+    """The workload process(es) and what they allocated; tenant i is cgroup t{i}.
 
-    def __init__(self, count: int, per_process: int = 16) -> None:
+    Each tenant's pending work is kept at `queue_ms` or more, checked every
+    `period_ms` (the workload's --target-ms and --period-ms)."""
+
+    def __init__(self, count: int, per_process: int = 16, queue_ms: float = 40.0,
+                 period_ms: float = 10.0) -> None:
         self.procs: list[subprocess.Popen[str]] = []
         self.where: list[tuple[int, int]] = []  # tenant -> (process, index in it)
         self.clients: list[int] = []
         for first in range(0, count, per_process):
             ids = range(first, min(count, first + per_process))
-            argv = ["/dev/vgpu"]
+            argv = ["/dev/vgpu", "--target-ms", str(queue_ms), "--period-ms", str(period_ms)]
             for i in ids:
                 argv += ["--cgroup", str(CGROOT / f"vgpu-tdma-t{i}")]
             proc = subprocess.Popen(tdma_workload.command(*argv), cwd=ROOT,
@@ -62,6 +66,10 @@ class Tenants:
 
     def pending(self, tenant: int) -> int:
         return next(g.pending_ns for g in nv.proc_groups() if g.client == self.clients[tenant])
+
+    def all_pending(self) -> list[int]:
+        by_client = {g.client: g.pending_ns for g in nv.proc_groups()}
+        return [by_client[c] for c in self.clients]
 
     def close(self) -> None:
         for proc in self.procs:

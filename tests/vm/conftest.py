@@ -64,7 +64,7 @@ def daemon_factory() -> Iterator[type[Daemon]]:
     started: list[Daemon] = []
 
     class Tracked(Daemon):
-        def start(self, timeout: float = 60.0) -> Daemon:
+        def start(self, timeout: float = 180.0) -> Daemon:
             started.append(self)
             return super().start(timeout)
 
