@@ -78,7 +78,7 @@ def nvsim_loaded(mem_mib: int) -> Iterator[Path]:
     assert res.returncode == 0, f"rmmod nvsim: {res.stderr}"
 
 
-def wait_for(pred, timeout: float = 10, what: str = "condition") -> None:
+def wait_for(pred, timeout: float = 60, what: str = "condition") -> None:
     """Polls pred() every 20 ms until it is true; fails after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while not pred():

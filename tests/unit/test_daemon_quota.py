@@ -135,7 +135,6 @@ def test_close_of_unknown_context_and_errno(tmp_path: Path) -> None:
     assert (verdict.action, verdict.error) == (VerdictAction.DENY, errno.EACCES)
 
 
-
 async def _serve_and_allocate(world: QuotaWorld) -> None:
     """Contexts 7 and 8 of tenant a hold 512 and 256 MiB; then SIGTERM."""
     serving = asyncio.create_task(world.daemon().serve())

@@ -74,7 +74,6 @@ def cgroups() -> Iterator[dict[str, Path]]:
         remove_cgroup(path)
 
 
-
 @pytest.fixture
 def quota_daemon(vgpu: Path, daemon_factory, tmp_path: Path) -> Iterator[tuple]:
     bus = PrivateBus()

@@ -61,12 +61,6 @@ sys.stdin.read()
 """
 
 
-
-
-
-
-
-
 class Owner:
     """A process holding /dev/vgpu/nvidiactl, optionally with a client and 3 TSGs."""
 
@@ -105,12 +99,6 @@ def start_owner(owners: list[Owner], dev: Path, *ids: int) -> Owner:
     owner = Owner(dev, *ids)
     owners.append(owner)
     return owner
-
-
-
-
-
-
 
 
 def module_contexts() -> int:
@@ -391,8 +379,10 @@ def test_schedule_races_close(vgpu: Path) -> None:
         await channel.register()
         ok = gone = 0
         try:
-            deadline = time.monotonic() + 8
-            while time.monotonic() < deadline and not failures:
+            start = time.monotonic()
+            # 8 s of churn, longer on a loaded guest until both outcomes were seen
+            while not failures and time.monotonic() - start < 120 and (
+                    time.monotonic() - start < 8 or not (ok and gone and len(published) > 10)):
                 recent = published[-3:]
                 entries = [Sched(c, h, g, on) for c, h, g in recent for on in (False, True)]
                 if not entries:

@@ -591,8 +591,11 @@ def test_racing_size_never_beats_the_quota(env: Env, heap: Heap, quota: None) ->
         for t in threads:
             t.start()
         peak = 0
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
+        start = time.monotonic()
+        # 5 s of racing, longer on a loaded guest until both sizes reached the daemon
+        while time.monotonic() - start < 120 and (
+                time.monotonic() - start < 5
+                or not (outcomes[0, 0] > 8 and outcomes[0, nv.NV_ERR_NO_MEMORY] > 0)):
             peak = max(peak, free0 - heap.free())
             time.sleep(0.005)
         stop.set()
@@ -607,7 +610,7 @@ def test_racing_size_never_beats_the_quota(env: Env, heap: Heap, quota: None) ->
         assert set(outcomes) <= {(0, 0), (0, nv.NV_ERR_NO_MEMORY)}, outcomes
         used = free0 - heap.free()
         assert 0 < used <= LIMIT
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while charged("racer") != used:
             assert time.monotonic() < deadline, (charged("racer"), used)
             time.sleep(0.1)
@@ -615,7 +618,7 @@ def test_racing_size_never_beats_the_quota(env: Env, heap: Heap, quota: None) ->
         stop.set()
         os.close(fd)
     assert heap.free() == free0
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while charged("racer") or stats()["contexts"]:
         assert time.monotonic() < deadline, (charged("racer"), stats()["contexts"])
         time.sleep(0.1)

@@ -157,8 +157,8 @@ def test_timeout(vg: Env, responder_bin: Path, responders) -> None:
         with pytest.raises(OSError) as e:
             alloc(fd, 0x40)
         assert e.value.errno == errno.ETIMEDOUT
-        assert 0.25 < time.monotonic() - t0 < 5
-        assert stats()["timeouts"] == before["timeouts"] + 1
+        assert time.monotonic() - t0 > 0.25  # no upper bound: a loaded guest wakes late
+        assert stats()["timeouts"] == before["timeouts"] + 1  # the module's timer ended it
     finally:
         os.close(fd)
 
@@ -169,15 +169,15 @@ def test_daemon_sigkill_with_waiters(vg: Env, responder_bin: Path, responders,
     set_param("vgpu", "upcall_timeout_ms", "20000")
     set_param("vgpu", "fail_open", "1" if fail_open else "0")
     r = start(responders, responder_bin, *CLASS40, "-a", "ignore")
-    base = stats()["upcalls"]
+    before = stats()
     threads, results = waiters(vg, 6)
-    wait_for(lambda: stats()["upcalls"] == base + 6, what="6 pending upcalls")
-    t0 = time.monotonic()
+    wait_for(lambda: stats()["upcalls"] == before["upcalls"] + 6, what="6 pending upcalls")
     r.proc.send_signal(signal.SIGKILL)
     for t in threads:
-        t.join(5)
+        t.join(60)
     assert not any(t.is_alive() for t in threads), "waiters stuck after the daemon died"
-    assert time.monotonic() - t0 < 5
+    # the daemon's death ended the waits, not upcall_timeout_ms (20 s), however late
+    assert stats()["timeouts"] == before["timeouts"]
     if fail_open:
         assert all(x == 0 if vg.nvsim else x == errno.ENOTTY for x in results), results
     else:
