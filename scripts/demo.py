@@ -18,13 +18,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "unit"))
-sys.path.insert(0, str(ROOT / "tests"))
+# Run as a script: the repository root on sys.path, for tests.support.
+sys.path.insert(0, str(ROOT))
 
-from dbus_fixtures import PrivateBus  # noqa: E402
-from vgpud_proc import Daemon  # noqa: E402
+from tests.support import tenant_workload  # noqa: E402
+from tests.support.bus import PrivateBus  # noqa: E402
+from tests.support.vgpud_proc import Daemon  # noqa: E402
 
-WORKLOAD = str(ROOT / "tests" / "tenant_workload.py")
 CONFIG = """\
 [daemon]
 state_path = "{state}"
@@ -49,14 +49,15 @@ def step(text: str) -> None:
 
 def run(*cmd: str) -> str:
     print("$ " + " ".join(cmd), flush=True)
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout
     print(out.rstrip(), flush=True)
     return out
 
 
 def user_argv(uid: int, *args: str | int) -> list[str]:
+    """tests/support/tenant_workload.py as user `uid` (to run with cwd=ROOT)."""
     return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-            sys.executable, WORKLOAD, "/dev/vgpu", *map(str, args)]
+            *tenant_workload.command("/dev/vgpu", *map(str, args))]
 
 
 def as_user(uid: int, *args: str | int) -> list[dict]:
@@ -69,7 +70,7 @@ def compute_shares(seconds: float) -> list[float]:
     argvs = [user_argv(uid, "compute", seconds) for uid in (1001, 1002)]
     for argv in argvs:
         print("$ " + " ".join(argv) + " &", flush=True)
-    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) for argv in argvs]
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=ROOT) for argv in argvs]
     for proc in procs:
         assert proc.stdout is not None
         made = json.loads(proc.stdout.readline())

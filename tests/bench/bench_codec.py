@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+# Run as a script: the repository root on sys.path, for tests.support.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from fakekernel import FAMILY, upcall_msg
-
+from tests.support.fakekernel import FAMILY, upcall_msg
 from vgpud.kernel import codec
 from vgpud.kernel.channel import GenlChannel
 from vgpud.kernel.uapi import ALLOW

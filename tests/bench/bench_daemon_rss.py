@@ -3,7 +3,7 @@
 The real daemon (build_quota: config, Manager, Ledger, charge journal,
 QuotaPolicy, the D-Bus service on a private system bus, uvloop) runs as a
 process of its own; its netlink socket is one end of a socketpair whose other
-end plays the kernel (tests/unit/fakekernel): registration, filter, then the
+end plays the kernel (tests/support/fakekernel.py): registration, filter, then the
 workload of tests/bench/bench_quota.py (64 tenants on 8 GPUs, 256 contexts
 with a client, device and subdevice each, 10,000 allocations), every upcall
 answered before the next is sent. Then every tenant is read over D-Bus, the
@@ -28,13 +28,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+# Run as a script: the repository root on sys.path, for tests.support.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench_quota import GPUS, TENANTS, Kernel, config_text
-from dbus_fixtures import PrivateBus
-from fakekernel import FAMILY, NLMSG_HDR, FakeKernel
 
+from tests.support.bus import PrivateBus
+from tests.support.fakekernel import FAMILY, NLMSG_HDR, FakeKernel
 from vgpud.kernel import uapi
 
 GiB, MiB = 2**30, 2**20

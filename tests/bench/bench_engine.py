@@ -28,9 +28,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
+# Run as a script: the repository root on sys.path, for tests.support.
+sys.path.insert(0, str(ROOT))
 
-import nvclient as nv  # noqa: E402
+from tests.support import nvclient as nv  # noqa: E402
 
 SEC = 1_000_000_000
 MAX_PENDING = 10 * SEC

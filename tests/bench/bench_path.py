@@ -8,7 +8,7 @@ the two nodes it compares so that both see the same noise:
    in IOCTL_XFER_CMD (the driver gets the module's copy of the wrapper);
 2. slow path: the same call selected by a rule, so that each call is an
    upcall, a verdict and a forward; answered by the minimal C responder
-   (tests/bench/c_responder.c), by the same with the rule asking for shadow
+   (tests/support/c_responder.c), by the same with the rule asking for shadow
    calls (VGPU_RULE_F_SHADOW: the module's own cost of the checked copy), by
    the floor of a Python responder (tests/bench/py_responder.py: blocking
    recv, struct) and by vgpud. The figure of merit is the ratio vgpud / C
@@ -33,10 +33,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
+# Run as a script: the repository root on sys.path, for tests.support.
+sys.path.insert(0, str(ROOT))
 
-import nvclient as nv  # noqa: E402
-from vgpud_proc import Daemon  # noqa: E402
+from tests.support import nvclient as nv  # noqa: E402
+from tests.support.vgpud_proc import Daemon  # noqa: E402
 
 CTRL = 0xDEAD0001  # a control id no driver knows: the driver's answer is cheap
 LINE = re.compile(r"^(\S+)\s+p50\s+(\d+) ns\s+p90\s+(\d+) ns\s+p99\s+(\d+) ns\s+mean\s+(\d+)")
@@ -50,7 +51,7 @@ def build(tmp: Path) -> tuple[Path, Path]:
     inc = ROOT / "kmod/include/uapi"
     lat, resp = tmp / "ioctl_lat", tmp / "c_responder"
     sh("gcc", "-O2", "-o", str(lat), str(ROOT / "tests/bench/ioctl_lat.c"))
-    sh("gcc", "-O2", f"-I{inc}", "-o", str(resp), str(ROOT / "tests/bench/c_responder.c"))
+    sh("gcc", "-O2", f"-I{inc}", "-o", str(resp), str(ROOT / "tests/support/c_responder.c"))
     return lat, resp
 
 

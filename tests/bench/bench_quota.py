@@ -1,6 +1,6 @@
 """Decisions per second of the quota daemon's core, with the codec, on one core.
 
-Datagrams built byte for byte as the module builds them (tests/unit/fakekernel)
+Datagrams built byte for byte as the module builds them (tests/support/fakekernel.py)
 are decoded with vgpud.kernel.codec, dispatched to the QuotaPolicy (Manager,
 Ledger) through the Dispatcher, and every upcall's verdict is encoded, as
 GenlChannel does minus the socket. 64 tenants (8 per GPU, 8 GPUs), 4 contexts
@@ -30,10 +30,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+# Run as a script: the repository root on sys.path, for tests.support.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from fakekernel import FAMILY, post_event_msg, upcall_msg
-
+from tests.support.fakekernel import FAMILY, post_event_msg, upcall_msg
 from vgpud.admin.manager import Manager
 from vgpud.core.ledger import Ledger
 from vgpud.kernel import codec

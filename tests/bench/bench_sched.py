@@ -28,10 +28,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
+# Run as a script: the repository root on sys.path, for tests.support.
+sys.path.insert(0, str(ROOT))
 
-import nvclient as nv  # noqa: E402
-
+from tests.support import nvclient as nv  # noqa: E402
 from vgpud.kernel.channel import GenlChannel  # noqa: E402
 from vgpud.kernel.uapi import Sched  # noqa: E402
 

@@ -4,7 +4,7 @@
 
 One nvsim GPU, vgpu over it, vgpud --config with N tenants (cgroups, random
 weights 1..1000, seeded), each a channel group kept saturated by
-tests/tdma_workload.py. After a warm-up, over --seconds:
+tests/support/tdma_workload.py. After a warm-up, over --seconds:
 - share error: the worst |busy share - weight share| over the tenants, in
   percentage points (busy from /proc/driver/nvsim/groups);
 - switching loss: the engine's idle time / elapsed (/proc/driver/nvsim/engines;
@@ -37,12 +37,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "tests" / "vm"))
+# Run as a script: the repository root on sys.path, for tests.support.
+sys.path.insert(0, str(ROOT))
 
-import nvclient as nv  # noqa: E402
-from test_tdma import CGROOT, Tenants, config_text, open_as_tenant  # noqa: E402
-from vgpud_proc import Daemon  # noqa: E402
+from tests.support import nvclient as nv  # noqa: E402
+from tests.support.tdma import CGROOT, Tenants, config_text, open_as_tenant  # noqa: E402
+from tests.support.vgpud_proc import Daemon  # noqa: E402
 
 STATS = re.compile(r"scheduler stats (\{.*\})")
 TRACEFS = Path("/sys/kernel/tracing")

@@ -8,7 +8,8 @@ import errno
 import socket
 
 import pytest
-from fakekernel import (
+
+from tests.support.fakekernel import (
     FAMILY,
     FakeKernel,
     close_event_msg,
@@ -17,7 +18,6 @@ from fakekernel import (
     post_event_msg,
     upcall_msg,
 )
-
 from vgpud.kernel import channel as ch
 from vgpud.kernel.uapi import PROTO_VERSION, Cmd, Filter, VerdictAction
 from vgpud.nvidia import layouts as L

@@ -7,8 +7,8 @@ from dataclasses import asdict
 
 import pytest
 from click.testing import CliRunner
-from fakekernel import make_stats
 
+from tests.support.fakekernel import make_stats
 from vgpud import cli
 
 

@@ -9,16 +9,14 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-from dbus_fixtures import (
+
+from tests.support.bus import (
     GIB,
     REPO,
     PrivateBus,
     ServiceThread,
     as_nobody,
-    service_fixture,  # noqa: F401
-    system_bus_fixture,  # noqa: F401
 )
-
 from vgpud import cli
 
 NOT_RUNNING = "vgpud is not running (org.vgpud1 not on the system bus)"

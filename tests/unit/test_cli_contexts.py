@@ -6,8 +6,8 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from fakekernel import make_context
 
+from tests.support.fakekernel import make_context
 from vgpud import cli
 from vgpud.kernel.uapi import Node
 

@@ -6,7 +6,10 @@ import errno
 import struct
 
 import pytest
-from fakekernel import (
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.support.fakekernel import (
     FAMILY,
     ack_msg,
     attr,
@@ -21,9 +24,6 @@ from fakekernel import (
     upcall_msg,
     upcall_struct,
 )
-from hypothesis import given
-from hypothesis import strategies as st
-
 from vgpud.kernel import codec, uapi
 from vgpud.kernel.codec import CloseEvent, DecodeError, NlAck, PostEvent, Reply, Upcall
 from vgpud.kernel.uapi import Attr, Cmd, Filter, Node, UpcallKind, Verdict, VerdictAction

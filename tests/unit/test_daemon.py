@@ -16,49 +16,17 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from fakekernel import FAMILY, FakeKernel, upcall_msg
 
+from tests.support.daemon_world import World
+from tests.support.fakekernel import upcall_msg
 from vgpud import daemon
-from vgpud.daemon import Daemon
 from vgpud.host.systemd import Notifier, watchdog_interval
 from vgpud.kernel import uapi
-from vgpud.kernel.channel import GenlChannel
 from vgpud.kernel.uapi import Cmd, VerdictAction
 from vgpud.nvidia import layouts as L
-from vgpud.policy.dispatch import Dispatcher
 from vgpud.policy.simple import DenyClasses
 
 ALLOC21 = L.NVOS21.struct.pack(1, 2, 3, 0x40, 0, 0, 0)
-
-
-class World:
-    """A fake kernel and a notify socket for one daemon."""
-
-    def __init__(self, tmp_path: Path, **fake) -> None:
-        self.ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.kernel = FakeKernel(theirs, **fake)
-        self.notify_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.notify_path = str(tmp_path / "notify")
-        self.notify_sock.bind(self.notify_path)
-        self.notify_sock.setblocking(False)
-
-    async def open_channel(self, handler) -> GenlChannel:
-        self.kernel.start()
-        channel = GenlChannel(self.ours, FAMILY, handler)
-        channel.start()
-        return channel
-
-    def daemon(self) -> Daemon:
-        policy = DenyClasses({0x40})
-        return Daemon(Dispatcher(policy), policy.filter(), open_channel=self.open_channel,
-                      notifier=Notifier(self.notify_path))
-
-    async def notification(self) -> str:
-        loop = asyncio.get_running_loop()
-        return (await loop.sock_recv(self.notify_sock, 4096)).decode()
-
-    def close(self) -> None:
-        self.notify_sock.close()
 
 
 def run(coro):

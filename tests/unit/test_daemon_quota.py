@@ -14,43 +14,18 @@ import pytest
 from click.testing import CliRunner
 from dbus_fast import BusType
 from dbus_fast.aio import MessageBus
-from dbus_fixtures import system_bus_fixture  # noqa: F401
-from fakekernel import FAMILY, make_context, post_event_msg, upcall_msg
-from test_daemon import World as _World
 
+from tests.support.daemon_world import QuotaWorld, inventory, write_config
+from tests.support.fakekernel import FAMILY, make_context, post_event_msg, upcall_msg
 from vgpud import daemon
 from vgpud.admin.dbus import BUS_NAME
 from vgpud.app import build_quota
-from vgpud.daemon import Daemon
-from vgpud.host.inventory import GpuInfo
-from vgpud.host.systemd import Notifier
 from vgpud.kernel import codec
 from vgpud.kernel.uapi import FILTER_OPEN, FILTER_UVM_MMAP, Cmd, UpcallKind, VerdictAction
 from vgpud.nvidia import layouts as L
 from vgpud.policy.dispatch import Dispatcher
 
 GIB, MIB = 2**30, 2**20
-CONFIG = """\
-[daemon]
-state_path = "{state}"
-charges_path = "{charges}"
-
-[[tenant]]
-name = "a"
-memory = "1GiB"
-match = [{{ uid = 1000 }}]
-"""
-
-
-def write_config(tmp: Path, extra: str = "") -> Path:
-    path = tmp / "vgpud.toml"
-    path.write_text(CONFIG.format(state=tmp / "state.json", charges=tmp / "run/charges")
-                    + extra)
-    return path
-
-
-def inventory() -> list[GpuInfo]:
-    return [GpuInfo(0, "sim", 4 * GIB)]
 
 
 def mem_alloc(size: int, status: int = 0, h_new: int = 0) -> tuple[bytes, bytes]:
@@ -58,18 +33,6 @@ def mem_alloc(size: int, status: int = 0, h_new: int = 0) -> tuple[bytes, bytes]
     values[13] = size
     alloc = L.NV_MEMORY_ALLOCATION_PARAMS.struct.pack(*values)
     return L.NVOS21.struct.pack(1, 2, h_new, 0x40, 0x1000, len(alloc), status), alloc
-
-
-class World(_World):
-    def __init__(self, tmp_path: Path, dbus: str) -> None:
-        super().__init__(tmp_path)
-        self.config = write_config(tmp_path)
-        self.policy, self.admin = build_quota(self.config, dbus, inventory)
-
-    def daemon(self) -> Daemon:
-        return Daemon(Dispatcher(self.policy), self.policy.filter(),
-                      open_channel=self.open_channel, notifier=Notifier(self.notify_path),
-                      app=self.admin)
 
 
 def run(coro):
@@ -85,7 +48,7 @@ async def memory_used(bus: MessageBus) -> dict[int, int]:
 
 
 def test_quota_daemon_on_the_bus(tmp_path: Path, system_bus) -> None:
-    world = World(tmp_path, "require")
+    world = QuotaWorld(tmp_path, "require")
 
     async def main():
         serving = asyncio.create_task(world.daemon().serve())
@@ -130,7 +93,7 @@ def test_unreachable_bus_is_a_warning_unless_required(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path}/nobus")
-    world = World(tmp_path, "try")
+    world = QuotaWorld(tmp_path, "try")
 
     async def main():
         serving = asyncio.create_task(world.daemon().serve())
@@ -142,7 +105,7 @@ def test_unreachable_bus_is_a_warning_unless_required(
     assert any("running without it" in m for m in caplog.messages)
     world.close()
     (tmp_path / "2").mkdir()
-    required = World(tmp_path / "2", "require")
+    required = QuotaWorld(tmp_path / "2", "require")
     assert run(required.daemon().serve()) == daemon.EX_UNAVAILABLE
     required.close()
 
@@ -173,8 +136,7 @@ def test_close_of_unknown_context_and_errno(tmp_path: Path) -> None:
     assert (verdict.action, verdict.error) == (VerdictAction.DENY, errno.EACCES)
 
 
-
-async def _serve_and_allocate(world: World) -> None:
+async def _serve_and_allocate(world: QuotaWorld) -> None:
     """Contexts 7 and 8 of tenant a hold 512 and 256 MiB; then SIGTERM."""
     serving = asyncio.create_task(world.daemon().serve())
     assert (await world.notification()).startswith("READY=1")
@@ -195,7 +157,7 @@ def test_restart_keeps_the_charges_of_live_contexts(
     tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO)
-    first = World(tmp_path, "off")
+    first = QuotaWorld(tmp_path, "off")
     assert not first.policy.inner.restored
     run(_serve_and_allocate(first))
     assert Cmd.LIST_CONTEXTS not in first.kernel.requests  # nothing restored: no question
@@ -203,7 +165,7 @@ def test_restart_keeps_the_charges_of_live_contexts(
     first.close()
     (tmp_path / "notify").unlink()
 
-    again = World(tmp_path, "off")
+    again = QuotaWorld(tmp_path, "off")
     assert again.policy.inner.restored == {7, 8}
     again.kernel.contexts = [make_context(7), make_context(9)]  # 8 closed while no daemon ran
 
@@ -228,11 +190,11 @@ def test_restart_keeps_the_charges_of_live_contexts(
 def test_restart_keeps_every_charge_when_the_module_cannot_list(
     tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    first = World(tmp_path, "off")
+    first = QuotaWorld(tmp_path, "off")
     run(_serve_and_allocate(first))
     first.close()
     (tmp_path / "notify").unlink()
-    again = World(tmp_path, "off")
+    again = QuotaWorld(tmp_path, "off")
     again.kernel.errors[Cmd.LIST_CONTEXTS] = errno.EOPNOTSUPP
 
     async def main():

@@ -12,18 +12,18 @@ from typing import Any, TypeVar
 import pytest
 from dbus_fast import DBusError, Message, MessageType, Variant
 from dbus_fast.introspection import Interface, Node
-from dbus_fixtures import (
+
+from tests.support.bus import (
     GIB,
     REPO,
     PrivateBus,
     ServiceThread,
+    add_match,
     as_nobody,
     make_manager,
-    service_fixture,  # noqa: F401
-    system_bus_fixture,  # noqa: F401
+    properties_changed,
     write_config,
 )
-
 from vgpud.admin.auth import Caller, is_admin
 from vgpud.admin.client import AdminClient
 from vgpud.admin.dbus import introspection_xml, tenant_path
@@ -264,27 +264,6 @@ def test_quota_exceeded_and_tenant_signals(service: ServiceThread) -> None:
         ("TenantAdded", ["carol", tenant_path("carol")]),
         ("TenantRemoved", ["carol", tenant_path("carol")]),
     ]
-
-
-async def properties_changed(client: AdminClient) -> asyncio.Queue[Message]:
-    """The PropertiesChanged signals vgpud emits from now on."""
-    received: asyncio.Queue[Message] = asyncio.Queue()
-
-    def on_message(msg: Message) -> None:
-        if msg.message_type == MessageType.SIGNAL and msg.member == "PropertiesChanged":
-            received.put_nowait(msg)
-
-    client.bus.add_message_handler(on_message)
-    await add_match(client, "type='signal',sender='org.vgpud1',"
-                            "interface='org.freedesktop.DBus.Properties'")
-    return received
-
-
-async def add_match(client: AdminClient, rule: str) -> None:
-    await client.bus.call(Message(
-        destination="org.freedesktop.DBus", path="/org/freedesktop/DBus",
-        interface="org.freedesktop.DBus", member="AddMatch", signature="s", body=[rule],
-    ))
 
 
 def test_introspection_matches_docs(service: ServiceThread) -> None:

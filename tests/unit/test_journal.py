@@ -15,11 +15,11 @@ import zlib
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
-from test_ledger import ACCOUNTS, LedgerMachine, ModelNode
 
+from tests.support.journal_files import ID, MACHINE_SETTINGS, fresh, journal_file
+from tests.support.ledger_model import ACCOUNTS, LedgerMachine, ModelNode
 from vgpud.core.ledger import (
     Change,
     Charged,
@@ -36,7 +36,6 @@ from vgpud.store import journal as J
 from vgpud.store.journal import ChargeAndGroupJournal, Identity
 
 MiB = 2**20
-ID = Identity("5f6a1c1e-0000-4000-8000-000000000001", "4242")
 CLIENT = Key(0xC1D00001, 0xC1D00001)
 DEVICE = Key(0xC1D00001, 0xBEEF0080)
 
@@ -58,13 +57,6 @@ def durable(ledger: Ledger) -> tuple:
     accounts = {k: (a.limit, a.charged) for k, a in ledger._accounts.items()}
     contexts = {ctx: (c.tenant, frozenset(c.keys)) for ctx, c in ledger._contexts.items()}
     return accounts, contexts, nodes
-
-
-def fresh(limit: int = 100 * MiB) -> Ledger:
-    ledger = Ledger()
-    ledger.set_limit("a", 0, limit)
-    ledger.set_limit("b", 0, limit)
-    return ledger
 
 
 def populate(ledger: Ledger) -> None:
@@ -129,12 +121,6 @@ BAD_LINES = [
     line("T 1 1 1 1 - -"),  # half a parent
     b"\xff\xfe 12345678\n",
 ]
-
-
-def journal_file(tmp_path: Path, *lines: bytes, identity: Identity = ID) -> Path:
-    path = tmp_path / "charges"
-    path.write_bytes(J._header(identity) + b"".join(lines))
-    return path
 
 
 @pytest.mark.parametrize("bad", BAD_LINES)
@@ -429,12 +415,5 @@ class JournaledLedgerMachine(LedgerMachine):
         shutil.rmtree(self.dir)
 
 
-# Journal state machines: each step writes a file, so fewer examples than the ledger's.
-MACHINE_SETTINGS = settings(
-    max_examples=150,
-    stateful_step_count=50,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
 JournaledLedgerMachine.TestCase.settings = MACHINE_SETTINGS
 TestJournaledLedgerMachine = JournaledLedgerMachine.TestCase

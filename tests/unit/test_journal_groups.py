@@ -15,14 +15,14 @@ import zlib
 from pathlib import Path
 
 import pytest
-from fakekernel import make_context
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from test_daemon_quota import World as DaemonWorld
-from test_journal import ID, MACHINE_SETTINGS, fresh, journal_file
-from test_sched_service import CONFIG as SCHED_CONFIG
-from test_sched_service import Clock, Recorder, Timers, settle
 
+from tests.support.daemon_world import QuotaWorld
+from tests.support.fakekernel import make_context
+from tests.support.journal_files import ID, MACHINE_SETTINGS, fresh, journal_file
+from tests.support.sched_world import CONFIG as SCHED_CONFIG
+from tests.support.sched_world import Clock, Recorder, Timers, settle
 from vgpud.admin.manager import Manager
 from vgpud.core.groups import (
     Group,
@@ -356,7 +356,7 @@ def test_restarted_daemon_knows_the_groups_of_live_contexts(
     tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO)
-    first = DaemonWorld(tmp_path, "off")
+    first = QuotaWorld(tmp_path, "off")
     ledger, tracker = first.policy.inner.ledger, first.admin.scheduler.tracker
     kept = Group(7, "a", 0, 0xC7, 0x5C0, 0x80, 100)
     paused = Group(7, "a", 0, 0xC7, 0x5C1, 0x80, 100)
@@ -370,7 +370,7 @@ def test_restarted_daemon_knows_the_groups_of_live_contexts(
     first.close()
     (tmp_path / "notify").unlink()
 
-    again = DaemonWorld(tmp_path, "off")
+    again = QuotaWorld(tmp_path, "off")
     tracker = again.admin.scheduler.tracker
     assert state(tracker) == ({g.id: g for g in (kept, paused, gone)}, frozenset({paused.id}))
     again.kernel.contexts = [make_context(7)]  # 8 closed while no daemon ran

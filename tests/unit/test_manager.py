@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dbus_fixtures import GIB, make_manager, write_config
 
+from tests.support.bus import GIB, make_manager, write_config
 from vgpud.admin.manager import (
     BINDINGS,
     CONTEXTS,

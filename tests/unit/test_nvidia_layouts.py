@@ -9,8 +9,8 @@ import re
 from pathlib import Path
 
 import pytest
-from test_uapi_layout import ROOT, c_layouts, needs_gcc, py_layouts, run_c
 
+from tests.support.layouts import ROOT, c_layouts, needs_gcc, py_layouts, run_c
 from vgpud.nvidia import escapes as E
 from vgpud.nvidia import layouts as L
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import errno
 
 import pytest
-from fakekernel import FAMILY, genl, upcall_msg
 
+from tests.support.fakekernel import FAMILY, genl, upcall_msg
 from vgpud.kernel import codec, uapi
 from vgpud.kernel.uapi import ALLOW, Cmd, Filter, Node, UpcallKind, Verdict, VerdictAction
 from vgpud.nvidia import layouts as L

@@ -11,16 +11,15 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from dbus_fast import Message
-from dbus_fixtures import (
+
+from tests.support.bus import (
     GIB,
     PrivateBus,
     ServiceThread,
     make_manager,
-    system_bus_fixture,  # noqa: F401
+    properties_changed,
     write_config,
 )
-from test_dbus_api import properties_changed
-
 from vgpud import cli
 from vgpud.admin.client import AdminClient
 from vgpud.admin.dbus import tenant_path

@@ -8,7 +8,8 @@ import socket
 import struct
 
 import pytest
-from fakekernel import (
+
+from tests.support.fakekernel import (
     FAMILY,
     FakeKernel,
     attr,
@@ -18,7 +19,6 @@ from fakekernel import (
     parse_request,
     sched_results_msg,
 )
-
 from vgpud.kernel import channel as ch
 from vgpud.kernel import codec, uapi
 from vgpud.kernel.codec import DecodeError, Reply

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from fakekernel import post_event_msg, upcall_msg
-from test_daemon import World as _World
-from test_daemon_quota import inventory, write_config
 
+from tests.support import daemon_world
+from tests.support.daemon_world import inventory, write_config
+from tests.support.fakekernel import post_event_msg, upcall_msg
 from vgpud.app import build_quota
 from vgpud.daemon import Daemon
 from vgpud.host.systemd import Notifier
@@ -27,7 +27,7 @@ from vgpud.policy.sched import SchedPolicy
 TENANT_B = '\n[[tenant]]\nname = "b"\nmatch = [{ uid = 2000 }]\n'
 
 
-class World(_World):
+class World(daemon_world.World):
     def __init__(self, tmp_path: Path) -> None:
         super().__init__(tmp_path)
         self.policy, self.admin = build_quota(write_config(tmp_path, TENANT_B), "off", inventory)

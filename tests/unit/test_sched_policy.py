@@ -6,8 +6,8 @@ import errno
 from pathlib import Path
 
 import pytest
-from test_quota import World, setup_gpu
 
+from tests.support.quota_world import World, setup_gpu
 from vgpud.core.groups import (
     Group,
     GroupEvent,

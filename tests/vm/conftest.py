@@ -2,39 +2,36 @@
 
 These tests run as root inside the guest booted by scripts/vm-run; on any
 other machine they are skipped, since the kernel modules cannot be loaded.
+Helpers that are not fixtures live in tests/support (guest.py: the modules
+and cgroups).
 """
 
 from __future__ import annotations
 
-import errno
-import os
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from vgpud_proc import Daemon
-
-ROOT = Path(__file__).resolve().parents[2]
-NVSIM_KO = ROOT / "kmod/nvsim/nvsim.ko"
-VGPU_KO = ROOT / "kmod/vgpu/vgpu.ko"
-NVSIM_DIR = Path("/dev/nvsim")
-VGPU_DIR = Path("/dev/vgpu")
-
-
-def in_guest() -> bool:
-    """True inside the test VM: root, module loading works, modules built."""
-    return (
-        os.geteuid() == 0
-        and os.environ.get("VGPU_KVER") == os.uname().release
-        and NVSIM_KO.exists()
-        and VGPU_KO.exists()
-    )
+from tests.support import responder
+from tests.support.guest import (
+    VGPU_DIR,
+    VGPU_KO,
+    Env,
+    in_guest,
+    insmod,
+    loaded,
+    nvsim_loaded,
+    rmmod,
+    set_param,
+    wait_path,
+)
+from tests.support.nvsim import Fds, Nvsim, nvsim_module
+from tests.support.responder import Responder
+from tests.support.sched import TRACEFS
+from tests.support.vgpu_genl import set_filter
+from tests.support.vgpud_proc import Daemon
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -44,57 +41,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "vm" in item.keywords:
             item.add_marker(skip)
-
-
-def run(*cmd: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, check=False, capture_output=True, text=True)
-
-
-def loaded(name: str) -> bool:
-    return Path(f"/sys/module/{name}").exists()
-
-
-def insmod(ko: Path, *params: str) -> None:
-    res = run("insmod", str(ko), *params)
-    assert res.returncode == 0, f"insmod {ko.name} {params}: {res.stderr}"
-
-
-def rmmod(name: str) -> subprocess.CompletedProcess[str]:
-    return run("rmmod", name)
-
-
-def wait_path(path: Path, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} did not appear"
-        time.sleep(0.01)
-
-
-def remove_cgroup(path: Path, timeout: float = 10.0) -> None:
-    """Kill what is left in it, then rmdir once the killed have been reaped."""
-    (path / "cgroup.kill").write_text("1")
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            path.rmdir()
-            return
-        except OSError as exc:  # EBUSY while a killed member is still exiting
-            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-
-
-def set_param(module: str, name: str, value: str) -> None:
-    Path(f"/sys/module/{module}/parameters/{name}").write_text(value)
-
-
-def nvsim_loaded(mem_mib: int) -> Iterator[Path]:
-    """nvsim with 2 GPUs of mem_mib, unloaded (and checked) after the test."""
-    insmod(NVSIM_KO, "gpus=2", f"mem_mib={mem_mib}")
-    wait_path(NVSIM_DIR / "nvidiactl")
-    yield NVSIM_DIR
-    res = rmmod("nvsim")
-    assert res.returncode == 0, f"rmmod nvsim: {res.stderr}"
 
 
 @pytest.fixture
@@ -118,10 +64,76 @@ def daemon_factory() -> Iterator[type[Daemon]]:
     started: list[Daemon] = []
 
     class Tracked(Daemon):
-        def start(self, timeout: float = 60.0) -> Daemon:
+        def start(self, timeout: float = 180.0) -> Daemon:
             started.append(self)
             return super().start(timeout)
 
     yield Tracked
     for d in started:
         d.kill()
+
+
+@pytest.fixture
+def vg(request: pytest.FixtureRequest) -> Iterator[Env]:
+    """The loaded module, reset to no daemon, no filter, fail-closed."""
+    if loaded("vgpu") and VGPU_DIR.exists():
+        dev = VGPU_DIR
+    elif in_guest():
+        dev = request.getfixturevalue("vgpu")
+    else:
+        pytest.skip("no /dev/vgpu: needs vgpu.ko loaded (scripts/vm-run)")
+    set_param("vgpu", "fail_open", "0")
+    set_param("vgpu", "upcall_timeout_ms", "2000")
+    set_filter([])
+    yield Env(dev)
+    set_filter([])
+    set_param("vgpu", "fail_open", "0")
+
+
+@pytest.fixture(scope="session")
+def responder_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/support/c_responder.c, compiled once per session."""
+    return responder.build(tmp_path_factory.mktemp("responder"))
+
+
+@pytest.fixture
+def responders(responder_bin: Path) -> Iterator[list[Responder]]:
+    """The responders a test started (responder.start), killed at its end."""
+    started: list[Responder] = []
+    yield started
+    for r in started:
+        r.kill()
+
+
+@pytest.fixture
+def sched_trace() -> Iterator[Path]:
+    """The vgpu_schedule tracepoint, enabled and cleared; lines come from trace()."""
+    if not (TRACEFS / "events").exists():
+        subprocess.run(["mount", "-t", "tracefs", "nodev", str(TRACEFS)], check=False)
+    event = TRACEFS / "events/vgpu/vgpu_schedule"
+    if not event.exists():
+        pytest.skip("tracefs is not available in this guest")
+    (TRACEFS / "trace").write_text("")
+    (event / "enable").write_text("1")
+    yield TRACEFS / "trace"
+    (event / "enable").write_text("0")
+
+
+@pytest.fixture(scope="module")
+def nvsim_env() -> Iterator[Nvsim]:
+    """nvsim for the tests straight on /dev/nvsim (test_nvsim_*), once per module."""
+    yield from nvsim_module()
+
+
+@pytest.fixture
+def fds(nvsim_env: Nvsim) -> Iterator[Fds]:
+    """Files of /dev/nvsim, closed when the test ends."""
+    f = Fds(nvsim_env.nodes)
+    yield f
+    f.close_all()
+
+
+@pytest.fixture
+def ctl(fds: Fds) -> int:
+    """A /dev/nvsim/nvidiactl file (test files that run over vgpu define their own)."""
+    return fds.ctl()

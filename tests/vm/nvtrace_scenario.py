@@ -1,4 +1,4 @@
-"""tests' own NVIDIA client (tests/nvclient.py) through a varied run, for the recorder.
+"""tests' own NVIDIA client (tests/support/nvclient.py) through a varied run, for the recorder.
 
     python tests/vm/nvtrace_scenario.py NODEDIR
 
@@ -8,30 +8,21 @@ XFER-wrapped and NVOS64 allocs, views, a dup, a mapping, a channel group and
 its controls, calls the driver refuses, threads, a forked child, nvidia-uvm),
 then exits holding some memory. Prints one JSON line of what it saw
 ({"client", "held", "statuses"}) for the test to hold the trace against.
-
-nvclient calls ioctl through ctypes.CDLL("libc.so.6"), which binds libc's own
-symbol and would bypass an LD_PRELOAD interposer; a C program (and libcuda)
-calls it through the global namespace, so this run does too.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import sys
 import threading
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import nvclient as nv
+from tests.support import nvclient as nv
 
 MIB = 1 << 20
-
-nv._libc = ctypes.CDLL(None, use_errno=True)
-nv._libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
-nv._libc.ioctl.restype = ctypes.c_int
 
 
 def child(nodes: nv.NvNodes) -> None:

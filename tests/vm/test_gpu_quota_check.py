@@ -16,15 +16,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import NVSIM_DIR, NVSIM_KO, insmod, loaded, rmmod, wait_path
+
+from tests.support.guest import NVSIM_DIR, NVSIM_KO, insmod, loaded, rmmod, wait_path
 
 pytestmark = pytest.mark.vm
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAM = f"""
 import sys
-sys.path.insert(0, {str(ROOT / "tests")!r})
-import nvclient as nv
+sys.path.insert(0, {str(ROOT)!r})
+from tests.support import nvclient as nv
 ctl = nv.NvNodes("/dev").open_ctl()
 t = nv.build_tree(ctl)
 one = nv.alloc_memory(ctl, t.client, t.device, 1 << 30)

@@ -23,11 +23,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import nvclient as nv
-from conftest import set_param
-
+from tests.support import nvclient as nv
+from tests.support.guest import ROOT, set_param
 from vgpud.kernel.channel import GenlChannel, query_module_stats
 from vgpud.kernel.codec import CloseEvent, Event, PostEvent
 from vgpud.kernel.uapi import ALLOW, Filter, Stats, Verdict
@@ -108,7 +105,7 @@ class InProcessDaemon:
         self.loop.close()
 
 
-def wait_for(pred: Callable[[], bool], timeout: float = 10.0) -> None:
+def wait_for(pred: Callable[[], bool], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not pred():
         assert time.monotonic() < deadline, "condition not met in time"
@@ -273,9 +270,8 @@ def vgpu_stats() -> dict[str, int]:
 
 
 WAITER = r"""
-import os, sys
-sys.path.insert(0, {tests!r})
-import nvclient as nv
+import sys
+from tests.support import nvclient as nv
 nodes = nv.NvNodes({vgpu!r})
 ctl = nodes.open_ctl()
 tree = nv.build_tree(ctl)
@@ -295,13 +291,13 @@ def waiters(vgpu: Path) -> Iterator[Callable[[int], list[subprocess.Popen[str]]]
     """
     set_param("vgpu", "upcall_timeout_ms", "20000")
     procs: list[subprocess.Popen[str]] = []
-    tests = str(Path(__file__).resolve().parents[1])
 
     def spawn(n: int) -> list[subprocess.Popen[str]]:
         batch = []
         for _ in range(n):
-            p = subprocess.Popen([sys.executable, "-c", WAITER.format(tests=tests, vgpu=str(vgpu))],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            p = subprocess.Popen([sys.executable, "-c", WAITER.format(vgpu=str(vgpu))],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                 cwd=ROOT)  # cwd: tests.support importable
             assert p.stdout is not None and p.stdout.readline().strip() == "ready"
             batch.append(p)
         procs.extend(batch)
@@ -343,11 +339,11 @@ def test_daemon_killed_while_callers_wait(waiters, daemon_factory, fail_open: bo
     wait_blocked(procs, before["upcalls"])
     # They sleep killable (TASK_KILLABLE, shown as D); none may stay so.
     assert all(task_state(p.pid) == "D" for p in procs)
-    t0 = time.monotonic()
     daemon.kill()  # ...and dies: every waiter completes at once
-    results = [p.communicate(timeout=10)[0].split() for p in procs]
+    results = [p.communicate(timeout=60)[0].split() for p in procs]
     assert all(p.returncode == 0 for p in procs)
-    assert time.monotonic() - t0 < 10.0  # well within upcall_timeout_ms (20 s)
+    # the daemon's death ended the waits, not upcall_timeout_ms (20 s), however late
+    assert vgpu_stats()["timeouts"] == before["timeouts"]
     if fail_open:
         assert results == [["0", "0"]] * 4
     else:
@@ -379,10 +375,10 @@ def test_upcall_timeout_then_late_verdict_is_lost(waiters, daemon_factory) -> No
     daemon.proc.send_signal(signal.SIGSTOP)
     go(procs)
     t0 = time.monotonic()
-    results = [p.communicate(timeout=15)[0].split() for p in procs]
+    results = [p.communicate(timeout=60)[0].split() for p in procs]
     elapsed = time.monotonic() - t0
     assert results == [[str(errno.ETIMEDOUT), "0"]] * 2
-    assert 1.5 < elapsed < 6.0  # upcall_timeout_ms=2000
+    assert elapsed > 1.5  # upcall_timeout_ms=2000; no upper bound: a loaded guest wakes late
     daemon.proc.send_signal(signal.SIGCONT)  # its late verdicts are refused
     wait_for(lambda: vgpu_stats()["lost"] >= before["lost"] + 2)
     after = vgpu_stats()

@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import NVSIM_DIR, ROOT, VGPU_DIR, VGPU_KO, loaded, rmmod, run, wait_path
 
+from tests.support.guest import NVSIM_DIR, ROOT, VGPU_DIR, VGPU_KO, loaded, rmmod, run, wait_path
 from vgpud.kernel.channel import FamilyNotFound, resolve_family
 
 pytestmark = pytest.mark.vm

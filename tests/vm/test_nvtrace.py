@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import NVSIM_DIR, NVSIM_KO, VGPU_DIR, VGPU_KO, insmod, rmmod, wait_path
 
+from tests.support.guest import NVSIM_DIR, NVSIM_KO, VGPU_DIR, VGPU_KO, insmod, rmmod, wait_path
 from vgpud.nvidia.escapes import Escape
 from vgpud.nvtrace.calls import Ioctl, events
 from vgpud.nvtrace.check import check_traces, format_text

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-
-import nvclient as nv
-from conftest import (
+from tests.support import nvclient as nv
+from tests.support import tenant_workload
+from tests.support.bus import PrivateBus
+from tests.support.guest import (
     NVSIM_DIR,
     NVSIM_KO,
+    ROOT,
     VGPU_DIR,
     VGPU_KO,
     insmod,
@@ -29,14 +29,10 @@ from conftest import (
     rmmod,
     wait_path,
 )
-from dbus_fixtures import PrivateBus
-
 from vgpud.store.journal import current_identity
 
 pytestmark = pytest.mark.vm
 
-TESTS = Path(__file__).resolve().parents[1]
-WORKLOAD = str(TESTS / "tenant_workload.py")
 CGROOT = Path("/sys/fs/cgroup")
 MiB = 1 << 20
 
@@ -78,7 +74,6 @@ def cgroups() -> Iterator[dict[str, Path]]:
         remove_cgroup(path)
 
 
-
 @pytest.fixture
 def quota_daemon(vgpu: Path, daemon_factory, tmp_path: Path) -> Iterator[tuple]:
     bus = PrivateBus()
@@ -97,7 +92,7 @@ def quota_daemon(vgpu: Path, daemon_factory, tmp_path: Path) -> Iterator[tuple]:
 
 
 class Workload:
-    """tests/tenant_workload.py started inside a cgroup."""
+    """tests/support/tenant_workload.py started inside a cgroup."""
 
     def __init__(self, cgroup: Path, *args: str) -> None:
         procs = str(cgroup / "cgroup.procs")
@@ -105,7 +100,7 @@ class Workload:
         def enter() -> None:
             Path(procs).write_text(str(os.getpid()))
 
-        self.proc = subprocess.Popen([sys.executable, WORKLOAD, "/dev/vgpu", *args],
+        self.proc = subprocess.Popen(tenant_workload.command("/dev/vgpu", *args), cwd=ROOT,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      preexec_fn=enter)
 

@@ -1,6 +1,6 @@
 """VERDICT_F_SCHED_OFF and VGPU_SCHED_OWNER_OFF against the real module over nvsim (VM tier).
 
-A raw responder (test_vgpu_module's Genl) answers RM_ALLOC upcalls of channel
+A raw responder (tests/support/vgpu_genl.py's Genl) answers RM_ALLOC upcalls of channel
 groups; nvsim's /proc/driver/nvsim/groups shows whether a group is enabled.
 
     scripts/test-vm -k sched_new_groups
@@ -14,18 +14,18 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
-import nvclient as nv
 import pytest
-from test_sched_cmd import group_enabled, sched_trace, traced  # noqa: F401 (fixture)
-from test_vgpu_module import (
+
+from tests.support import nvclient as nv
+from tests.support.calls import RM_ALLOC, Call
+from tests.support.sched import aio, group_enabled, list_contexts, traced
+from tests.support.vgpu_genl import (
     A_PARAMS,
     ALLOW,
     CTL,
-    RM_ALLOC,
     U_ID,
     U_NR,
     VERDICT_F_POST,
-    Call,
     Genl,
     NlError,
     daemon,
@@ -58,8 +58,6 @@ def ctl(vgpu: Path) -> Iterator[tuple[int, nv.Tree]]:
 
 def ctx_of(fd: int) -> int:
     """The module's context id of our own nvidiactl fd (LIST_CONTEXTS, newest)."""
-    from test_sched_cmd import aio, list_contexts
-
     mine = [c.ctx_id for c in aio(list_contexts()) if c.tgid == os.getpid()]
     return max(mine)
 
@@ -83,7 +81,7 @@ def schedule(g: Genl, entries: list[tuple[int, int, int, int]]) -> list[tuple[in
 
 
 def test_a_group_allowed_with_sched_off_is_off_when_the_call_returns(
-        ctl: tuple[int, nv.Tree], sched_trace: Path) -> None:  # noqa: F811
+        ctl: tuple[int, nv.Tree], sched_trace: Path) -> None:
     fd, tree = ctl
     with daemon(TSG_RULES) as g:
         made = []
@@ -111,7 +109,7 @@ def test_a_group_allowed_with_sched_off_is_off_when_the_call_returns(
 
 
 def test_sched_off_leaves_other_allocs_and_failed_ones_alone(
-        ctl: tuple[int, nv.Tree], sched_trace: Path) -> None:  # noqa: F811
+        ctl: tuple[int, nv.Tree], sched_trace: Path) -> None:
     fd, tree = ctl
     with daemon([*TSG_RULES, MEM_RULE]) as g:
         c = Call(nv.alloc_memory, fd, tree.client, tree.device, 1 << 20)

@@ -5,8 +5,9 @@ Without the flag the driver acts on the rewritten bytes; with it, on the bytes
 the daemon checked, and the caller gets the driver's results. nvsim's memory
 use is read straight on /dev/nvsim (FB_GET_INFO_V2 HEAP_FREE of its own client).
 
-The responder is the test itself (test_vgpu_module's raw netlink client), or
-the real daemon with the quota policy for the stress test.
+The responder is the test itself (the raw netlink client of
+tests/support/vgpu_genl.py), or the real daemon with the quota policy for the
+stress test.
 
     scripts/vm-run -- python -m pytest -q tests/vm/test_shadow.py
 """
@@ -29,14 +30,11 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-
-import nvclient as nv
-import test_vgpu_module
-from conftest import NVSIM_DIR, nvsim_loaded, set_param
-from dbus_fixtures import PrivateBus
-from test_vgpu_module import (
+from tests.support import nvclient as nv
+from tests.support.bus import PrivateBus
+from tests.support.calls import Call, rm_calls
+from tests.support.guest import NVSIM_DIR, Env, nvsim_loaded, set_param
+from tests.support.vgpu_genl import (
     A_DATA,
     A_EVENT,
     A_PARAMS,
@@ -58,12 +56,9 @@ from test_vgpu_module import (
     U_RET,
     UPCALL_POST,
     VERDICT_F_POST,
-    Call,
-    Env,
     Genl,
     NlError,
     daemon,
-    rm_calls,
     rule,
     set_filter,
     stats,
@@ -80,8 +75,10 @@ PAGE = mmap.PAGESIZE
 VID_SIZE_OFF = 88  # NVOS32 data.AllocSize.size
 
 
-# vgpu reset to no daemon, no filter, fail-closed (test_vgpu_module's fixture `vg`).
-env = test_vgpu_module.vg
+@pytest.fixture
+def env(vg: Env) -> Env:
+    """vgpu reset to no daemon, no filter, fail-closed (conftest's `vg`)."""
+    return vg
 
 
 @pytest.fixture
@@ -594,8 +591,11 @@ def test_racing_size_never_beats_the_quota(env: Env, heap: Heap, quota: None) ->
         for t in threads:
             t.start()
         peak = 0
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
+        start = time.monotonic()
+        # 5 s of racing, longer on a loaded guest until both sizes reached the daemon
+        while time.monotonic() - start < 120 and (
+                time.monotonic() - start < 5
+                or not (outcomes[0, 0] > 8 and outcomes[0, nv.NV_ERR_NO_MEMORY] > 0)):
             peak = max(peak, free0 - heap.free())
             time.sleep(0.005)
         stop.set()
@@ -610,7 +610,7 @@ def test_racing_size_never_beats_the_quota(env: Env, heap: Heap, quota: None) ->
         assert set(outcomes) <= {(0, 0), (0, nv.NV_ERR_NO_MEMORY)}, outcomes
         used = free0 - heap.free()
         assert 0 < used <= LIMIT
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while charged("racer") != used:
             assert time.monotonic() < deadline, (charged("racer"), used)
             time.sleep(0.1)
@@ -618,7 +618,7 @@ def test_racing_size_never_beats_the_quota(env: Env, heap: Heap, quota: None) ->
         stop.set()
         os.close(fd)
     assert heap.free() == free0
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while charged("racer") or stats()["contexts"]:
         assert time.monotonic() < deadline, (charged("racer"), stats()["contexts"])
         time.sleep(0.1)

@@ -1,108 +1,85 @@
 """TDMA scheduling end to end: nvsim's work engine + vgpu + vgpud --config (+ D-Bus).
 
-Tenants are cgroups; tests/tdma_workload.py opens one nvidiactl file per
-tenant from inside its cgroup, allocates a channel group and keeps its
+Tenants are cgroups; tests/support/tdma_workload.py opens one nvidiactl file
+per tenant from inside its cgroup, allocates a channel group and keeps its
 pending work from draining. Shares are measured from nvsim's own busy
 counters (/proc/driver/nvsim/groups), not from the daemon.
+
+The assertions hold on a loaded 2-core host, where the daemon, a process like
+any other, wakes late (tens of ms in a loaded TCG guest): they are bounded by
+what the scheduler controls, not by wall time. Starvation is counted in the
+daemon's own turns (the module's vgpu_schedule events) while every tenant
+has work queued (nvsim's counters). A late wake-up lengthens the slot that
+was running and the core pays it back from the tenant's later slots, in
+full while its turns are late by less than its quantum minus one min slot
+(vgpud/core/tdma.py): so the share tests use frames of SHARE_FRAME_MS, whose
+quanta (80 ms and more here) stay above that lateness, and read shares over
+a window that grows until they converge (`measure`). States the daemon must
+reach are waited for, not slept on. Each assertion can still fail: a tenant
+skipped for frames lets another have two turns within its wait, and wrong
+weights or an unpaid overrun never converge.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import subprocess
-import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-
-import nvclient as nv
-from conftest import remove_cgroup
-from dbus_fixtures import PrivateBus
-from vgpud_proc import Daemon
-
+from tests.support import nvclient as nv
+from tests.support.bus import PrivateBus
+from tests.support.guest import remove_cgroup, wait_for
+from tests.support.sched import traced
+from tests.support.tdma import CGROOT, Tenants, config_text, open_as_tenant
+from tests.support.vgpud_proc import Daemon
 from vgpud.admin.client import AdminClient
 from vgpud.admin.dbus import tenant_path
 
-pytestmark = pytest.mark.vm
+# A loaded guest may take minutes: daemon start, waits for states, converging windows.
+pytestmark = [pytest.mark.vm, pytest.mark.timeout(900)]
 
-TESTS = Path(__file__).resolve().parents[1]
-WORKLOAD = str(TESTS / "tdma_workload.py")
-CGROOT = Path("/sys/fs/cgroup")
-FRAME_S = 0.1  # frame_ms = 100, the default
-
-
-def config_text(state: Path, weights: Sequence[int]) -> str:
-    text = f'[daemon]\nstate_path = "{state}"\nframe_ms = 100\n'
-    for i, weight in enumerate(weights):
-        text += (f'\n[[tenant]]\nname = "t{i}"\nweight = {weight}\n'
-                 f'match = [{{ cgroup = "/vgpu-tdma-t{i}" }}]\n')
-    return text
+SHARE_FRAME_MS = 400  # frames of the share tests (the default is 100 ms)
+QUEUE_MS = 500  # work kept pending per tenant: a workload process starved a while stays ahead
+PERIOD_MS = 100  # how often the workload tops the queues up: little CPU taken from the daemon
+WAIT_S = 60.0  # the longest wait for a state the daemon must reach
+CONVERGE_S = 60.0  # the longest window shares may need to converge
 
 
-class Tenants:
-    """The workload process(es) and what they allocated; tenant i is cgroup t{i}."""
-
-    def __init__(self, count: int, per_process: int = 16) -> None:
-        self.procs: list[subprocess.Popen[str]] = []
-        self.where: list[tuple[int, int]] = []  # tenant -> (process, index in it)
-        self.clients: list[int] = []
-        for first in range(0, count, per_process):
-            ids = range(first, min(count, first + per_process))
-            argv = [sys.executable, WORKLOAD, "/dev/vgpu"]
-            for i in ids:
-                argv += ["--cgroup", str(CGROOT / f"vgpu-tdma-t{i}")]
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    text=True)
-            self.procs.append(proc)
-            self.where += [(len(self.procs) - 1, j) for j in range(len(ids))]
-        for proc in self.procs:
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            assert line, "the workload died (see its stderr)"
-            self.clients += [t["client"] for t in json.loads(line)["tenants"]]
-
-    def command(self, tenant: int, what: str) -> None:
-        proc, index = self.where[tenant]
-        stdin = self.procs[proc].stdin
-        assert stdin is not None
-        stdin.write(f"{what} {index}\n")
-        stdin.flush()
-
-    def busy(self) -> list[int]:
-        by_client = {g.client: g.busy_ns for g in nv.proc_groups()}
-        return [by_client[c] for c in self.clients]
-
-    def pending(self, tenant: int) -> int:
-        return next(g.pending_ns for g in nv.proc_groups() if g.client == self.clients[tenant])
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.stdin is not None:
-                proc.stdin.close()
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+@dataclass(frozen=True)
+class Window:
+    shares: list[float]  # % of the tenants' GPU time (nvsim's busy counters)
+    idle: float  # the engine's idle fraction
+    seconds: float
 
 
-def shares(before: Sequence[int], after: Sequence[int]) -> list[float]:
-    used = [b - a for a, b in zip(before, after, strict=True)]
-    return [100 * u / sum(used) for u in used]
+def measure(tenants: Tenants, ok: Callable[[Window], bool], least: float) -> Window:
+    """The tenants' shares from now, over `least` seconds or more: the window grows until
+    ok(window) holds, or CONVERGE_S. An overrun of a late daemon is paid back over the
+    next frames, so on a loaded host shares take longer to converge, not elsewhere."""
+    before, engine0, start = tenants.busy(), nv.proc_engines()[0], time.monotonic()
+    time.sleep(least)
+    while True:
+        busy, engine, seconds = tenants.busy(), nv.proc_engines()[0], time.monotonic() - start
+        used = [b - a for a, b in zip(before, busy, strict=True)]
+        idle = engine.idle_ns - engine0.idle_ns
+        window = Window([100 * u / sum(used) for u in used],
+                        idle / (idle + engine.busy_ns - engine0.busy_ns), seconds)
+        if ok(window) or seconds >= CONVERGE_S:
+            print(window)
+            return window
+        time.sleep(0.5)
 
 
-def measure(tenants: Tenants, seconds: float) -> list[float]:
-    before = tenants.busy()
-    time.sleep(seconds)
-    return shares(before, tenants.busy())
+def near(*want: float, tol: float) -> Callable[[Window], bool]:
+    """Every share within `tol` percentage points of `want`."""
+    return lambda w: all(abs(g - x) <= tol for g, x in zip(w.shares, want, strict=True))
 
 
 class Tdma:
@@ -113,23 +90,26 @@ class Tdma:
 
     def __init__(self, daemon_factory: type[Daemon], tmp: Path) -> None:
         self.daemon_factory = daemon_factory
+        self.frame_s = 0.1
         self.config = tmp / "vgpud.toml"
         self.tmp = tmp
         self.made: list[Path] = []
         self.running: list[Tenants] = []
         self.daemons: list[Daemon] = []
 
-    def __call__(self, weights: Sequence[int], per_process: int = 16) -> Tenants:
+    def __call__(self, weights: Sequence[int], frame_ms: int = 100) -> Tenants:
+        """Start tenants of these weights; return once the daemon has run each of them."""
+        self.frame_s = frame_ms / 1000
         for i in range(len(weights)):
             path = CGROOT / f"vgpu-tdma-t{i}"
             path.mkdir(exist_ok=True)
             self.made.append(path)
-        self.config.write_text(config_text(self.tmp / "state.json", weights).replace(
+        self.config.write_text(config_text(self.tmp / "state.json", weights, frame_ms).replace(
             "[daemon]\n", f'[daemon]\ncharges_path = "{self.tmp / "run" / "charges"}"\n'))
         self._start_daemon()
-        tenants = Tenants(len(weights), per_process)
+        tenants = Tenants(len(weights), queue_ms=QUEUE_MS, period_ms=PERIOD_MS)
         self.running.append(tenants)
-        time.sleep(1.0)  # the daemon learns the groups; a few frames go by
+        wait_for(lambda: min(tenants.busy()) > 0, WAIT_S, "the daemon to run every tenant")
         return tenants
 
     def restart(self) -> Daemon:
@@ -170,94 +150,89 @@ def tdma(vgpu: Path, daemon_factory: type[Daemon], tmp_path: Path) -> Iterator[T
 
 
 def test_weights_50_30_20_within_2pp(tdma) -> None:
-    tenants = tdma([50, 30, 20])
-    got = measure(tenants, 10.0)
-    print("shares", got)
-    for share, want in zip(got, (50, 30, 20), strict=True):
-        assert abs(share - want) <= 2.0, got
+    tenants = tdma([50, 30, 20], SHARE_FRAME_MS)
+    window = measure(tenants, near(50, 30, 20, tol=2.0), least=10.0)
+    assert near(50, 30, 20, tol=2.0)(window), window
 
 
 def test_idle_tenant_time_goes_to_the_others_by_weight(tdma) -> None:
-    tenants = tdma([50, 30, 20])
+    tenants = tdma([50, 30, 20], SHARE_FRAME_MS)
     tenants.command(2, "idle")
-    deadline = time.monotonic() + 5.0
-    while tenants.pending(2) > 0:  # it drains in its next slots
-        assert time.monotonic() < deadline, "t2's work did not drain"
-        time.sleep(0.005)
-    time.sleep(FRAME_S)  # within one frame, its time is the others'
-    engine0 = nv.proc_engines()[0]
-    before = tenants.busy()
-    time.sleep(10 * FRAME_S)
-    after = tenants.busy()
-    engine1 = nv.proc_engines()[0]
-    got = shares(before, after)
-    print("after t2 went idle:", got, "engine idle", engine1.idle_ns - engine0.idle_ns)
-    assert got[2] == 0.0
-    assert abs(got[0] - 62.5) <= 3.0 and abs(got[1] - 37.5) <= 3.0, got
-    idle = (engine1.idle_ns - engine0.idle_ns) / (
-        engine1.idle_ns - engine0.idle_ns + engine1.busy_ns - engine0.busy_ns)
-    assert idle < 0.05, f"GPU idle {idle:.1%} of the frames after t2 went idle"
+    wait_for(lambda: tenants.pending(2) == 0, WAIT_S, "t2's work to drain in its slots")
+    time.sleep(tdma.frame_s)  # within one frame, its time is the others'
+
+    def given_away(w: Window) -> bool:
+        return w.shares[2] == 0.0 and near(62.5, 37.5, 0, tol=3.0)(w) and w.idle < 0.05
+
+    window = measure(tenants, given_away, least=10 * tdma.frame_s)
+    assert window.shares[2] == 0.0, window
+    assert near(62.5, 37.5, 0, tol=3.0)(window), window
+    assert window.idle < 0.05, f"GPU idle {window.idle:.1%} of the frames after t2 went idle"
     tenants.command(2, "busy")  # and back: it gets its share again
-    time.sleep(5 * FRAME_S)
-    got = measure(tenants, 3.0)
-    print("t2 busy again:", got)
-    assert abs(got[2] - 20) <= 3.0, got
+    wait_for(lambda: tenants.pending(2) > 0, WAIT_S, "t2's work to be queued again")
+    window = measure(tenants, lambda w: abs(w.shares[2] - 20) <= 3.0, least=3.0)
+    assert abs(window.shares[2] - 20) <= 3.0, window
 
 
-def test_16_tenants_none_starves(tdma) -> None:
+def turns_in_order(tenants: Tenants, trace: Path, each: int) -> list[int]:
+    """The tenant of each turn the daemon gave (its "on" entries, in the module's
+    vgpu_schedule events), once every tenant had `each` turns; meanwhile, that
+    every tenant keeps work pending (nvsim's counters), so no wait was its own."""
+    index = {client: i for i, client in enumerate(tenants.clients)}
+    deadline = time.monotonic() + 2 * WAIT_S
+    while True:
+        dry = [i for i, ns in enumerate(tenants.all_pending()) if ns == 0]
+        assert not dry, f"tenants {dry} ran dry: their workload fell behind"
+        turns = [index[int(e["client"], 16)] for e in traced(trace) if e["enable"] == "1"]
+        counts = Counter(turns)
+        if min(counts.get(i, 0) for i in range(len(tenants.clients))) >= each:
+            return turns
+        assert time.monotonic() < deadline, f"turns after {2 * WAIT_S} s: {counts}"
+        time.sleep(0.1)
+
+
+def test_16_tenants_none_starves(tdma, sched_trace: Path) -> None:
+    """Equal weights: 6.25 ms quanta >= the 2 ms min slot, so the daemon takes the 16
+    tenants in turn, each once a frame (k = 1 in the core's starvation bound). Counted
+    in its turns, not in time: while one waits with work queued, no other gets two.
+    20 turns each span 20 frames or more, 2 s on time."""
     tenants = tdma([100] * 16)
-    start = time.monotonic()
-    last = tenants.busy()
-    since = [start] * 16
-    longest = [0.0] * 16
-    while time.monotonic() - start < 5.0:
-        time.sleep(0.02)
-        now, busy = time.monotonic(), tenants.busy()
-        for i in range(16):
-            if busy[i] > last[i]:
-                since[i] = now
-            longest[i] = max(longest[i], now - since[i])
-        last = busy
-    print("longest gaps", longest)
-    # equal weights: 6.25 ms quanta >= the 2 ms min slot, so each runs every frame;
-    # the slack is for TCG (a workload late to refill leaves its tenant idle)
-    assert max(longest) <= 5 * FRAME_S, longest
-    got = measure(tenants, 5.0)
-    print("shares", got)
-    assert min(got) >= 100 / 16 / 2, got
+    sched_trace.write_text("")  # turns from now on
+    turns = turns_in_order(tenants, sched_trace, each=20)
+    print(len(turns), "turns:", turns)
+    for i in range(16):
+        mine = [at for at, tenant in enumerate(turns) if tenant == i]
+        for a, b in pairwise([-1, *mine, len(turns)]):
+            other, most = max(Counter(turns[a + 1:b]).items(), key=lambda kv: kv[1],
+                              default=(None, 0))
+            assert most <= 1, f"t{i} waited while t{other} got {most} turns: {turns}"
+    window = measure(tenants, lambda w: min(w.shares) >= 100 / 16 / 2, least=5.0)
+    assert min(window.shares) >= 100 / 16 / 2, window
+
+
+def tenant_props(name: str) -> dict:
+    return asyncio.run(AdminClient.run(lambda c: c.tenant_properties(tenant_path(name))))
 
 
 def test_weight_change_over_dbus_applies_at_the_next_frame(tdma) -> None:
-    tenants = tdma([100, 100])
-    got = measure(tenants, 2.0)
-    print("before", got)
-    assert abs(got[0] - 50) <= 3.0, got
+    """The new weight is the daemon's at its next frame (tests/unit/test_tdma.py checks
+    the frame): here, D-Bus to the GPU, the shares move and the properties follow."""
+    tenants = tdma([100, 100], SHARE_FRAME_MS)
+    window = measure(tenants, near(50, 50, tol=3.0), least=2.0)
+    assert near(50, 50, tol=3.0)(window), window
 
-    async def set_weight(client: AdminClient) -> dict:
+    async def set_weight(client: AdminClient) -> None:
         await client.call("SetWeight", "su", "t1", 300)
-        return await client.tenant_properties(tenant_path("t1"))
 
     asyncio.run(AdminClient.run(set_weight))
-    time.sleep(FRAME_S + 0.05)
-    got = measure(tenants, 3.0)
-    print("after", got)
-    assert abs(got[1] - 75) <= 3.0, got
-    props = asyncio.run(AdminClient.run(
-        lambda c: c.tenant_properties(tenant_path("t1"))))
-    assert props["Weight"] == 300
-    assert props["Share"] == {0: 75.0}
-    assert abs(props["MeasuredShare"][0] - 75) <= 10, props
-
-
-def open_as_tenant(i: int) -> int:
-    """A nvidiactl file of tenant i: opened from inside its cgroup, then back home."""
-    home = CGROOT / Path(Path("/proc/self/cgroup").read_text().strip().split("::", 1)[1]
-                         ).relative_to("/")
-    (CGROOT / f"vgpu-tdma-t{i}" / "cgroup.procs").write_text(str(os.getpid()))
-    try:
-        return os.open("/dev/vgpu/nvidiactl", os.O_RDWR)
-    finally:
-        (home / "cgroup.procs").write_text(str(os.getpid()))
+    time.sleep(tdma.frame_s + 0.05)
+    window = measure(tenants, near(25, 75, tol=3.0), least=3.0)
+    assert near(25, 75, tol=3.0)(window), window
+    props = tenant_props("t1")
+    assert props["Weight"] == 300 and props["Share"] == {0: 75.0}, props
+    # MeasuredShare is the daemon's own reading of the last second
+    wait_for(lambda: abs(tenant_props("t1")["MeasuredShare"].get(0, 0) - 75) <= 10, WAIT_S,
+             "MeasuredShare of t1 near 75")
 
 
 def stats(ctl: int, client: int, group: int) -> nv.WorkStats:
@@ -271,57 +246,53 @@ def test_groups_never_run_outside_their_slots(tdma) -> None:
     turn it on outside its slots, and an owner's "off" holds through the slots."""
     tenants = tdma([1, 1])
     tenants.command(1, "idle")  # t1 drains and is then never in a slot
-    deadline = time.monotonic() + 5.0
-    while tenants.pending(1) > 0:
-        assert time.monotonic() < deadline, "t1's work did not drain"
-        time.sleep(0.005)
+    wait_for(lambda: tenants.pending(1) == 0, WAIT_S, "t1's work to drain in its slots")
     ctl = open_as_tenant(1)
     try:
         tree = nv.build_tree(ctl)
         group = nv.alloc_channel_group(ctl, tree.client, tree.device)
-        assert not stats(ctl, tree.client, group).enabled  # off before anyone had its handle
+
+        def now() -> nv.WorkStats:
+            return stats(ctl, tree.client, group)
+
+        assert not now().enabled  # off before anyone had its handle
         assert nv.gpfifo_schedule(ctl, tree.client, group, True) == (0, nv.NV_OK)
-        time.sleep(3 * FRAME_S)
-        assert not stats(ctl, tree.client, group).enabled  # t1 has no slot: still off
+        time.sleep(3 * tdma.frame_s)
+        assert not now().enabled  # t1 has no slot: still off
         assert nv.submit_work(ctl, tree.client, group, 10**10) == (0, nv.NV_OK)  # 10 s
-        time.sleep(5 * FRAME_S)  # runnable now: it gets slots, the new group runs in them
-        busy = stats(ctl, tree.client, group).busy_ns
-        assert busy > 0
+        # runnable now: it gets slots, the new group runs in them
+        wait_for(lambda: now().busy_ns > 0, WAIT_S, "the new group to run in t1's slots")
+        busy = now().busy_ns
         assert nv.gpfifo_schedule(ctl, tree.client, group, False) == (0, nv.NV_OK)
-        time.sleep(FRAME_S)
-        paused = stats(ctl, tree.client, group)
-        time.sleep(5 * FRAME_S)
-        still = stats(ctl, tree.client, group)
+        wait_for(lambda: not now().enabled, WAIT_S, "the owner's off to land")
+        paused = now()
+        time.sleep(5 * tdma.frame_s)
+        still = now()
         assert not still.enabled and still.pending_ns > 0
         assert still.busy_ns == paused.busy_ns  # its slots are t0's now
         assert nv.gpfifo_schedule(ctl, tree.client, group, True) == (0, nv.NV_OK)
-        time.sleep(5 * FRAME_S)
-        assert stats(ctl, tree.client, group).busy_ns > still.busy_ns
+        wait_for(lambda: now().busy_ns > still.busy_ns, WAIT_S, "the group to run again")
         print("busy ns: first slots", busy, "paused at", paused.busy_ns)
     finally:
         os.close(ctl)
 
 
 def shares_over_dbus(count: int) -> list[dict[int, float]]:
-    async def read(client: AdminClient) -> list[dict[int, float]]:
-        return [(await client.tenant_properties(tenant_path(f"t{i}")))["Share"]
-                for i in range(count)]
-
-    return asyncio.run(AdminClient.run(read))
+    return [tenant_props(f"t{i}")["Share"] for i in range(count)]
 
 
 def test_sigkill_and_restart_keep_scheduling_the_groups(tdma) -> None:
     """The restarted daemon learns the groups made before from the charge journal:
     without it, the module would turn them all back on at its registration and
     nvsim's round robin would give them equal time."""
-    tenants = tdma([300, 100])
-    got = measure(tenants, 2.0)
-    print("before the kill", got)
-    assert abs(got[0] - 75) <= 5.0, got
+    tenants = tdma([300, 100], SHARE_FRAME_MS)
+    window = measure(tenants, near(75, 25, tol=5.0), least=2.0)
+    assert near(75, 25, tol=5.0)(window), window
     daemon = tdma.restart()
     time.sleep(0.5)
-    got = measure(tenants, 3.0)
-    print("after the restart", got)
-    assert abs(got[0] - 75) <= 4.0 and abs(got[1] - 25) <= 4.0, got
-    assert shares_over_dbus(2) == [{0: 75.0}, {0: 25.0}]  # the targets of known groups
+    window = measure(tenants, near(75, 25, tol=4.0), least=3.0)
+    assert near(75, 25, tol=4.0)(window), window
+    # the targets of known groups, published once a second
+    wait_for(lambda: shares_over_dbus(2) == [{0: 75.0}, {0: 25.0}], WAIT_S,
+             "Share of the restored groups")
     assert "2 contexts and 2 channel groups restored" in daemon.log()

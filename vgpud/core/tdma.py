@@ -23,8 +23,13 @@ whose deficit reaches `min_slot_us` runs for all of it; one below keeps it and
 is passed over, so a small share means fewer, longer slots, never slots under
 the minimum. An idle tenant forfeits its positive deficit, so its share goes to
 the runnable ones by weight (work-conserving); a tenant that goes idle mid-slot
-ends the slot. Each slot is charged the time it actually ran, late wake-ups
-included, so lateness is paid back rather than lost.
+ends the slot. Time a slot runs past its planned end (a late wake-up: the
+daemon descheduled, a busy host) is the tenant's debt, paid back from the part
+of its later slots above one min slot: lateness delays no turn, and costs no
+share while a tenant's turns run late by less than its quantum minus one min
+slot on average (beyond, its turns keep their min slot and it runs more than
+its share). Charged to the deficit instead, a wake-up late by L would keep the
+tenant from its turns for L * W / (w * F) ring visits.
 
 Caps: a capped tenant runs at most cap% of each frame: its slots end at its
 budget and never cross a frame boundary, and once the budget is spent (less
@@ -41,9 +46,10 @@ their total weight, F the frame and M the min slot, and k_i =
 ceil(M * W / (w_i * F)) the number of ring visits tenant i needs to reach M.
 If the runnable set and weights stay unchanged, tenant i starts a slot within
 k_i * F + (n - 1) * M of the end of its previous slot, and within
-(k_i + 1) * F + n * M of becoming runnable. With every share >= M (k_i = 1),
-deficits carry nothing and a saturating tenant waits under one frame between
-its slots. Example: 64 equal tenants, F = 50 ms, M = 2048 us: k = 3, slots of
+(k_i + 1) * F + n * M of becoming runnable, plus the lateness of the slots
+in between (debts do not count). With every share >= M (k_i = 1), deficits
+carry nothing and a saturating tenant waits under one frame between its
+slots. Example: 64 equal tenants, F = 50 ms, M = 2048 us: k = 3, slots of
 3 quanta (2343 us), one turn every 150 ms. A capped tenant may also wait for
 the next frame; each priority tenant can add one min slot per ring cycle.
 """
@@ -201,6 +207,7 @@ class _Tenant:
     runnable: bool = False
     urgent: bool = False  # a priority tenant that became runnable and has not run since
     deficit: int = 0
+    debt: int = 0  # time run past its slots' ends, not yet paid back
     rem: int = 0  # quantum remainder, in units of 1/rem_den us
     rem_den: int = 0
     used_us: int = 0
@@ -390,7 +397,9 @@ class TdmaScheduler:
         if self._running is not None:
             tenant = self._tenants[self._running]
             spent = now - self._now
-            tenant.deficit -= spent
+            late = min(spent, max(0, now - self._slot_end))  # past the slot's planned end
+            tenant.deficit -= spent - late
+            tenant.debt += late
             tenant.used_us += spent
             tenant.frame_used_us += spent
         self._now = now
@@ -471,6 +480,7 @@ class TdmaScheduler:
         if urgent is not None:
             tenant = self._tenants[urgent]
             tenant.urgent = False
+            self._repay(tenant)
             return urgent, self._clip(tenant, max(m, tenant.deficit), now)
         start = 0 if self._pointer is None else bisect_right(self._ring, self._pointer)
         order = self._ring[start:] + self._ring[:start]
@@ -485,7 +495,14 @@ class TdmaScheduler:
                 if tenant.deficit >= m:
                     self._pointer = tid
                     tenant.urgent = False
+                    self._repay(tenant)
                     return tid, self._clip(tenant, tenant.deficit, now)
+
+    def _repay(self, tenant: _Tenant) -> None:
+        """Pay debt from what the tenant may run now beyond one min slot."""
+        pay = min(tenant.debt, max(0, tenant.deficit - self._cfg.min_slot_us))
+        tenant.deficit -= pay
+        tenant.debt -= pay
 
     def _quantum(self, tenant: _Tenant, total: int) -> int:
         carried = tenant.rem if tenant.rem_den == total else 0

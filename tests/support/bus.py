@@ -16,15 +16,16 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from dbus_fast import BusType
+from dbus_fast import BusType, Message, MessageType
 from dbus_fast.aio import MessageBus
 
+from vgpud.admin.client import AdminClient
 from vgpud.admin.dbus import AdminService
 from vgpud.admin.manager import Manager
 from vgpud.core.ledger import Ledger
@@ -188,25 +189,30 @@ def make_manager(config_path: Path) -> Manager:
     )
 
 
-# Import these into a test module; the fixtures are named system_bus and service.
-@pytest.fixture(name="system_bus")
-def system_bus_fixture(monkeypatch: pytest.MonkeyPatch) -> Iterator[PrivateBus]:
-    bus = PrivateBus()
-    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", bus.address)
-    yield bus
-    bus.close()
-
-
-@pytest.fixture(name="service")
-def service_fixture(system_bus: PrivateBus, tmp_path: Path) -> Iterator[ServiceThread]:
-    thread = ServiceThread(make_manager(write_config(tmp_path)))
-    yield thread
-    thread.close()
-
-
 def as_nobody(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run argv as uid/gid 65534 with no supplementary groups."""
     return subprocess.run(
         ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv],
         capture_output=True, text=True, timeout=30, env={**os.environ, **(env or {})},
     )
+
+
+async def properties_changed(client: AdminClient) -> asyncio.Queue[Message]:
+    """The PropertiesChanged signals vgpud emits from now on."""
+    received: asyncio.Queue[Message] = asyncio.Queue()
+
+    def on_message(msg: Message) -> None:
+        if msg.message_type == MessageType.SIGNAL and msg.member == "PropertiesChanged":
+            received.put_nowait(msg)
+
+    client.bus.add_message_handler(on_message)
+    await add_match(client, "type='signal',sender='org.vgpud1',"
+                            "interface='org.freedesktop.DBus.Properties'")
+    return received
+
+
+async def add_match(client: AdminClient, rule: str) -> None:
+    await client.bus.call(Message(
+        destination="org.freedesktop.DBus", path="/org/freedesktop/DBus",
+        interface="org.freedesktop.DBus", member="AddMatch", signature="s", body=[rule],
+    ))

@@ -1,8 +1,10 @@
 """A tenant's GPU workload, as a process of its own (demo and VM tests).
 
-    python tests/tenant_workload.py NODEDIR alloc SIZE COUNT [--hold]
-    python tests/tenant_workload.py NODEDIR fbinfo | fbinfo1 | heapinfo
-    python tests/tenant_workload.py NODEDIR compute SECONDS
+    python -m tests.support.tenant_workload NODEDIR alloc SIZE COUNT [--hold]
+    python -m tests.support.tenant_workload NODEDIR fbinfo | fbinfo1 | heapinfo
+    python -m tests.support.tenant_workload NODEDIR compute SECONDS
+
+(from the repository root; `command()` gives that argv, to run with cwd=ROOT).
 
 `alloc` opens the node directory's nvidiactl, builds a client/device/subdevice
 tree on GPU 0 and allocates COUNT blocks of SIZE (MiB units: 256MiB) of local
@@ -25,11 +27,14 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tests.support import nvclient as nv
 
-import nvclient as nv
+
+def command(*args: str) -> list[str]:
+    """The argv that runs this workload; run it with the repository root as cwd."""
+    return [sys.executable, "-m", "tests.support.tenant_workload", *args]
+
 
 FB_INDICES = {"ram_size": 7, "total_ram_size": 8, "heap_size": 9, "heap_free": 0x16,
               "usable_ram_size": 0x20}

@@ -28,7 +28,8 @@ class Daemon:
         self.proc: subprocess.Popen[bytes] | None = None
         self._notify: socket.socket | None = None
 
-    def start(self, timeout: float = 60.0) -> Daemon:
+    def start(self, timeout: float = 180.0) -> Daemon:
+        """Start it; wait for READY=1 (a loaded TCG guest can take a minute)."""
         sock_path = os.path.join(self.dir, f"notify-{time.monotonic_ns()}")
         notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         notify.bind(sock_path)

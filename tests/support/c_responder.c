@@ -6,7 +6,7 @@
  * filter, then answers every upcall with one fixed verdict and ignores
  * events. It is the "minimal C responder" of the benchmark and a test tool.
  *
- *   gcc -O2 -Wall -I kmod/include/uapi -o c_responder tests/bench/c_responder.c
+ *   gcc -O2 -Wall -I kmod/include/uapi -o c_responder tests/support/c_responder.c
  *
  *   c_responder [-f RULE]... [-P] [-W] [-O] [-M] [-a ACTION] [-D USEC] [-c COUNT]
  *               [-V VERSION] [-F] [-S] [-v]

@@ -1,7 +1,9 @@
 """Saturating GPU tenants for the TDMA VM tests and benchmark (nvsim's work engine).
 
-    python tests/tdma_workload.py NODEDIR --cgroup PATH [--cgroup PATH ...]
-                                  [--gpu N] [--target-ms 40] [--period-ms 10]
+    python -m tests.support.tdma_workload NODEDIR --cgroup PATH [--cgroup PATH ...]
+                                          [--gpu N] [--target-ms 40] [--period-ms 10]
+
+(from the repository root; `command()` gives that argv, to run with cwd=ROOT).
 
 For each --cgroup (a cgroup v2 directory, one per tenant) the process moves
 itself into it, opens NODEDIR/nvidiactl (the module records the opener's
@@ -24,11 +26,14 @@ import select
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import nvclient as nv
+from tests.support import nvclient as nv
 
 MS = 1_000_000
+
+
+def command(*args: str) -> list[str]:
+    """The argv that runs this workload; run it with the repository root as cwd."""
+    return [sys.executable, "-m", "tests.support.tdma_workload", *args]
 
 
 def move_to(cgroup: Path) -> None:

@@ -14,7 +14,6 @@ the struct's status field; helpers return it.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import mmap
 import os
 import struct
@@ -140,7 +139,9 @@ for _s, _n in (
 assert NVOS32_HEAD.size + NVOS32_ALLOC.size <= NVOS32_SIZE
 assert NVOS55.size == 28
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+# The global namespace, as a C program (and libcuda) binds ioctl: an LD_PRELOAD
+# interposer such as tools/nvtrace sees these calls too.
+_libc = ctypes.CDLL(None, use_errno=True)
 _libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
 _libc.ioctl.restype = ctypes.c_int
 
