@@ -22,7 +22,7 @@ from tests.support.bus import (
 )
 from vgpud import cli
 from vgpud.admin.client import AdminClient
-from vgpud.admin.dbus import tenant_path
+from vgpud.admin.names import tenant_path
 from vgpud.core.observers import Topic
 from vgpud.core.shares import SharesChanged
 

@@ -40,7 +40,7 @@ from tests.support.sched import traced
 from tests.support.tdma import CGROOT, Tenants, config_text, open_as_tenant
 from tests.support.vgpud_proc import Daemon
 from vgpud.admin.client import AdminClient
-from vgpud.admin.dbus import tenant_path
+from vgpud.admin.names import tenant_path
 
 # A loaded guest may take minutes: daemon start, waits for states, converging windows.
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(900)]

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 from dbus_fast import BusType, DBusError, Message, MessageType, unpack_variants
 from dbus_fast.aio import MessageBus
 
-from vgpud.admin.dbus import BUS_NAME, MANAGER_INTERFACE, MANAGER_PATH, TENANT_INTERFACE
+from vgpud.admin.names import BUS_NAME, MANAGER_INTERFACE, MANAGER_PATH, TENANT_INTERFACE
 
 T = TypeVar("T")
 

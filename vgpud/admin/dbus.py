@@ -50,17 +50,19 @@ from vgpud.admin.manager import (
     TenantChanged,
     TenantsChanged,
 )
+from vgpud.admin.names import (
+    BUS_NAME,
+    ERROR,
+    MANAGER_INTERFACE,
+    MANAGER_PATH,
+    TENANT_INTERFACE,
+    tenant_path,
+)
 from vgpud.core.ledger import Denied
 from vgpud.core.shares import SharesChanged
 
 __all__ = ["BUS_NAME", "MANAGER_PATH", "AdminService", "introspection_xml", "tenant_path"]
 
-BUS_NAME = "org.vgpud1"
-MANAGER_PATH = "/org/vgpud1"
-MANAGER_INTERFACE = "org.vgpud1.Manager"
-TENANT_INTERFACE = "org.vgpud1.Tenant"
-TENANT_PATH = "/org/vgpud1/tenant/"
-ERROR = "org.vgpud1.Error."
 FLUSH_DELAY = 0.05
 QUOTA_INTERVAL = 1.0
 SHARES = "shares"  # a change field of the scheduler's, beside the Manager's
@@ -128,13 +130,6 @@ class Shares(Protocol):
 # that runs just before dbus-fast dispatches the call, captured by the task
 # that runs an async method (tasks copy the context they are created in).
 _sender: ContextVar[str | None] = ContextVar("vgpud_dbus_sender", default=None)
-
-
-def tenant_path(name: str) -> str:
-    """The object path of a tenant: bytes outside [A-Za-z0-9] become _xx (hex),
-    as systemd escapes unit names (a.b-c -> a_2eb_2dc)."""
-    return TENANT_PATH + "".join(c if c.isascii() and c.isalnum() else f"_{ord(c):02x}"
-                                 for c in name)
 
 
 @contextmanager

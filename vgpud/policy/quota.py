@@ -23,9 +23,8 @@ import struct
 from collections.abc import Callable, Iterable
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from vgpud.admin.manager import Manager
 from vgpud.core.ledger import (
     Denied,
     Key,
@@ -84,6 +83,9 @@ from vgpud.policy.rules import (
     rm_free,
     rm_vid_heap_functions,
 )
+
+if TYPE_CHECKING:  # the policy calls the admin model; it needs none of its store
+    from vgpud.admin.manager import Manager
 
 __all__ = ["PAGE_SIZE", "CallerMemory", "QuotaPolicy"]
 

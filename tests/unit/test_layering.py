@@ -1,0 +1,61 @@
+"""The rules HACKING.md says must never break, checked on what Python loads.
+
+Each check imports the package in a fresh interpreter and looks at sys.modules,
+so an import hidden in a dependency counts as much as one written here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+# Modules that do I/O of their own (event loops, processes, buses, kernels).
+IO_MODULES = ("asyncio", "subprocess", "dbus_fast", "pyroute2", "bcc", "pynvml", "mfusepy")
+# vgpud's rooms with sockets, files or the clock.
+IO_ROOMS = ("vgpud.store", "vgpud.host", "vgpud.sched", "vgpud.admin", "vgpud.app",
+            "vgpud.daemon", "vgpud.kernel.channel")
+
+
+def loaded_after(*modules: str) -> set[str]:
+    code = ("import importlib, json, sys\n"
+            f"for m in {list(modules)!r}: importlib.import_module(m)\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True).stdout
+    return set(json.loads(out))
+
+
+def offenders(loaded: set[str], prefixes: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in loaded if any(m == p or m.startswith(p + ".") for p in prefixes))
+
+
+SANS_IO = [
+    "vgpud.core.tenants", "vgpud.core.ledger", "vgpud.core.tdma", "vgpud.core.groups",
+    "vgpud.core.shares", "vgpud.core.observers", "vgpud.nvidia.layouts",
+    "vgpud.kernel.codec", "vgpud.policy.dispatch", "vgpud.policy.quota",
+    "vgpud.policy.sched", "vgpud.policy.simple", "vgpud.policy.rules",
+]
+
+
+@pytest.mark.parametrize("module", SANS_IO)
+def test_sans_io_rooms_load_no_io(module: str) -> None:
+    loaded = loaded_after(module)
+    assert offenders(loaded, IO_MODULES + IO_ROOMS) == []
+
+
+def test_core_imports_nothing_of_vgpud_but_core() -> None:
+    loaded = loaded_after(*(m for m in SANS_IO if m.startswith("vgpud.core.")))
+    assert sorted(m for m in loaded if m.startswith("vgpud.")
+                  and not m.startswith("vgpud.core")) == []
+
+
+def test_cli_reaches_the_daemon_only_over_dbus() -> None:
+    """vgpuctl is a D-Bus client; of the kernel side it loads only the netlink
+    query that module-stats/module-contexts need (they work with the daemon down)."""
+    loaded = loaded_after("vgpud.cli")
+    assert offenders(loaded, ("vgpud.policy", "vgpud.core.ledger", "vgpud.core.tdma",
+                              "vgpud.store", "vgpud.sched", "vgpud.app", "vgpud.daemon",
+                              "vgpud.admin.manager", "vgpud.admin.dbus")) == []
