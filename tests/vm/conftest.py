@@ -33,9 +33,16 @@ from tests.support.sched import TRACEFS
 from tests.support.vgpu_genl import set_filter
 from tests.support.vgpud_proc import Daemon
 
+# Per test: a loaded host's TCG guest takes minutes where a quiet one takes
+# seconds (a Python process of the daemon or a workload starts in tens of s).
+VM_TEST_TIMEOUT_S = 900
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if in_guest():
+        for item in items:
+            if "vm" in item.keywords and item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(VM_TEST_TIMEOUT_S))
         return
     skip = pytest.mark.skip(reason="needs the VM tier (scripts/test-vm): modules cannot load here")
     for item in items:

@@ -42,8 +42,7 @@ from tests.support.vgpud_proc import Daemon
 from vgpud.admin.client import AdminClient
 from vgpud.admin.names import tenant_path
 
-# A loaded guest may take minutes: daemon start, waits for states, converging windows.
-pytestmark = [pytest.mark.vm, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.vm
 
 SHARE_FRAME_MS = 400  # frames of the share tests (the default is 100 ms)
 QUEUE_MS = 500  # work kept pending per tenant: a workload process starved a while stays ahead
