@@ -99,10 +99,17 @@ def test_map_shares_real_pages(nvsim_env, ctl, fds):
     mb.close()
 
 
-def test_map_offsets_and_errors(nvsim_env, ctl, fds):
+MAP_SIZE = 16 * PAGE
+
+
+def tree_with_memory(ctl: int) -> tuple[nv.Tree, int]:
     t = nv.build_tree(ctl)
-    size = 16 * PAGE
-    hm = nv.alloc_memory(ctl, t.client, t.device, size).handle
+    return t, nv.alloc_memory(ctl, t.client, t.device, MAP_SIZE).handle
+
+
+def test_map_at_offsets(ctl, fds):
+    t, hm = tree_with_memory(ctl)
+    size = MAP_SIZE
     ga = fds.gpu(0)
     _, whole = nv.map_and_mmap(ctl, ga, t.client, t.device, hm, size)
     whole[5 * PAGE:5 * PAGE + 5] = b"fifth"
@@ -118,6 +125,9 @@ def test_map_offsets_and_errors(nvsim_env, ctl, fds):
     part.close()
     whole.close()
 
+
+def test_mmap_needs_the_mapped_range(ctl, fds):
+    t, hm = tree_with_memory(ctl)
     gc = fds.gpu(0)
     # mmap needs a context, offset 0, the mapped length, MAP_SHARED.
     with pytest.raises(OSError) as ex:
@@ -136,6 +146,10 @@ def test_map_offsets_and_errors(nvsim_env, ctl, fds):
     with pytest.raises(OSError):
         mmap.mmap(ctl, PAGE, mmap.MAP_SHARED, mmap.PROT_READ)
 
+
+def test_map_errors(nvsim_env, ctl, fds):
+    t, hm = tree_with_memory(ctl)
+    size = MAP_SIZE
     gd = fds.gpu(0)
     other = fds.gpu(nvsim_env.gpus - 1)
     with open("/dev/null", "rb") as null:

@@ -257,6 +257,43 @@ def test_fuzz(nvsim_env, ctl):
         assert heap_free(ctl, t) == nvsim_env.capacity_kib
 
 
+def race_step(rng: random.Random, nodes, ctl: int, trees: list, gfds: list[int]) -> None:
+    """One random alloc, free, map + mmap, reopen, info query or foreign client."""
+    t = rng.choice(trees)
+    op = rng.randrange(6)
+    if op == 0:
+        nv.alloc_memory(ctl, t.client, t.device, rng.choice([PAGE, MIB]))
+    elif op == 1:
+        r = nv.alloc_memory(ctl, t.client, t.device, 4 * PAGE)
+        if r.status == 0 and rng.random() < 0.7:
+            nv.rm_free(ctl, t.client, t.device, r.handle)
+    elif op == 2:
+        r = nv.alloc_memory(ctl, t.client, t.device, 2 * PAGE)
+        if r.status:
+            return
+        g = rng.choice(gfds)
+        m = nv.rm_map_memory(ctl, t.client, t.device, r.handle, 0, 2 * PAGE, g)
+        if m.status == 0:
+            try:
+                mm = mmap.mmap(g, 2 * PAGE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            except OSError:
+                return
+            nv.rm_free(ctl, t.client, t.device, r.handle)
+            mm[PAGE:PAGE + 2] = b"ok"
+            mm.close()
+    elif op == 3:
+        os.close(gfds.pop(rng.randrange(len(gfds))))
+        gfds.append(nodes.open_gpu(0))
+        nv.register_fd(gfds[-1], ctl)
+    elif op == 4:
+        nv.fb_get_info_v2(ctl, t.client, t.subdevice, FB_ALL)
+    else:
+        other = nodes.open_ctl()
+        tt = nv.build_tree(other)
+        nv.alloc_memory(other, tt.client, tt.device, MIB)
+        os.close(other)
+
+
 def test_concurrent_races(nvsim_env):
     """Threads racing allocs, frees, maps, mmaps and closes on shared files."""
     nodes = nvsim_env.nodes
@@ -269,40 +306,7 @@ def test_concurrent_races(nvsim_env):
         gfds = [nodes.open_gpu(0)]
         try:
             for _ in range(800):
-                t = rng.choice(trees)
-                op = rng.randrange(6)
-                if op == 0:
-                    nv.alloc_memory(ctl, t.client, t.device, rng.choice([PAGE, MIB]))
-                elif op == 1:
-                    r = nv.alloc_memory(ctl, t.client, t.device, 4 * PAGE)
-                    if r.status == 0 and rng.random() < 0.7:
-                        nv.rm_free(ctl, t.client, t.device, r.handle)
-                elif op == 2:
-                    r = nv.alloc_memory(ctl, t.client, t.device, 2 * PAGE)
-                    if r.status:
-                        continue
-                    g = rng.choice(gfds)
-                    m = nv.rm_map_memory(ctl, t.client, t.device, r.handle, 0, 2 * PAGE, g)
-                    if m.status == 0:
-                        try:
-                            mm = mmap.mmap(g, 2 * PAGE, mmap.MAP_SHARED,
-                                           mmap.PROT_READ | mmap.PROT_WRITE)
-                        except OSError:
-                            continue
-                        nv.rm_free(ctl, t.client, t.device, r.handle)
-                        mm[PAGE:PAGE + 2] = b"ok"
-                        mm.close()
-                elif op == 3:
-                    os.close(gfds.pop(rng.randrange(len(gfds))))
-                    gfds.append(nodes.open_gpu(0))
-                    nv.register_fd(gfds[-1], ctl)
-                elif op == 4:
-                    nv.fb_get_info_v2(ctl, t.client, t.subdevice, FB_ALL)
-                else:
-                    other = nodes.open_ctl()
-                    tt = nv.build_tree(other)
-                    nv.alloc_memory(other, tt.client, tt.device, MIB)
-                    os.close(other)
+                race_step(rng, nodes, ctl, trees, gfds)
         except BaseException as e:  # reported by the main thread
             errors.append(e)
         finally:

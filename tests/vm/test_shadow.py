@@ -548,61 +548,72 @@ def charged(tenant: str) -> int:
     return sum(int(v) for v in json.loads(out)["memory_used"].values())
 
 
-def test_racing_size_never_beats_the_quota(env: Env, heap: Heap, quota: None) -> None:
-    """One thread allocates 64 MiB blocks, another flips their size to 2 GiB constantly."""
-    free0 = heap.free()
-    fd = env.open()
+Outcomes = Counter[tuple[int, int]]  # (errno, NVIDIA status) -> calls
+
+
+def race_sizes(fd: int, tree: nv.Tree, heap: Heap, free0: int) -> tuple[Outcomes, int]:
+    """One thread allocates 64 MiB blocks, another flips their size to 2 GiB
+    constantly: 5 s, longer on a loaded guest until both sizes reached the daemon.
+    Returns the (errno, status) outcomes and the most nvsim held meanwhile."""
     stop = threading.Event()
-    outcomes: Counter[tuple[int, int]] = Counter()
+    outcomes: Outcomes = Counter()
     errors: list[BaseException] = []
+    mem = nv.cbuf(nv.memory_params(CHUNK))
+    size_at = nv.addr(mem) + SIZE_OFF
+
+    def flip() -> None:
+        big, small = struct.pack("<Q", HUGE), struct.pack("<Q", CHUNK)
+        while not stop.is_set():
+            ctypes.memmove(size_at, big, 8)
+            ctypes.memmove(size_at, small, 8)
+
+    def allocate() -> None:
+        handles: list[int] = []
+        try:
+            for i in range(1 << 30):
+                if stop.is_set():
+                    break
+                b = nv.cbuf(nv.NVOS21.pack(tree.client, tree.device, 0, 0x40, nv.addr(mem),
+                                           nv.MEM_ALLOC.size, 0xFFFF))
+                e = nv.nv_ioctl(fd, nv.ESC_RM_ALLOC, b, xfer=bool(i % 2))
+                _, _, handle, _, _, _, status = nv.NVOS21.unpack(b.raw)
+                outcomes[e, status] += 1
+                if (e, status) == (0, 0):
+                    handles.append(handle)
+                elif handles:
+                    nv.must(nv.rm_free(fd, tree.client, tree.device, handles.pop(0)), "free")
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+            raise
+
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)
+    threads = [threading.Thread(target=f, daemon=True) for f in (flip, allocate)]
+    peak = 0
     try:
-        tree = nv.build_tree(fd)
-        mem = nv.cbuf(nv.memory_params(CHUNK))
-        size_at = nv.addr(mem) + SIZE_OFF
-
-        def flip() -> None:
-            big, small = struct.pack("<Q", HUGE), struct.pack("<Q", CHUNK)
-            while not stop.is_set():
-                ctypes.memmove(size_at, big, 8)
-                ctypes.memmove(size_at, small, 8)
-
-        def allocate() -> None:
-            handles: list[int] = []
-            try:
-                for i in range(1 << 30):
-                    if stop.is_set():
-                        break
-                    b = nv.cbuf(nv.NVOS21.pack(tree.client, tree.device, 0, 0x40, nv.addr(mem),
-                                               nv.MEM_ALLOC.size, 0xFFFF))
-                    e = nv.nv_ioctl(fd, nv.ESC_RM_ALLOC, b, xfer=bool(i % 2))
-                    _, _, handle, _, _, _, status = nv.NVOS21.unpack(b.raw)
-                    outcomes[e, status] += 1
-                    if (e, status) == (0, 0):
-                        handles.append(handle)
-                    elif handles:
-                        nv.must(nv.rm_free(fd, tree.client, tree.device, handles.pop(0)), "free")
-            except BaseException as exc:  # reported by the main thread
-                errors.append(exc)
-                raise
-
-        old_interval = sys.getswitchinterval()
-        sys.setswitchinterval(0.0005)
-        threads = [threading.Thread(target=f, daemon=True) for f in (flip, allocate)]
         for t in threads:
             t.start()
-        peak = 0
         start = time.monotonic()
-        # 5 s of racing, longer on a loaded guest until both sizes reached the daemon
         while time.monotonic() - start < 120 and (
                 time.monotonic() - start < 5
                 or not (outcomes[0, 0] > 8 and outcomes[0, nv.NV_ERR_NO_MEMORY] > 0)):
             peak = max(peak, free0 - heap.free())
             time.sleep(0.005)
+    finally:
         stop.set()
         for t in threads:
             t.join(30)
         sys.setswitchinterval(old_interval)
-        assert not errors, errors
+    assert not errors, errors
+    return outcomes, peak
+
+
+def test_racing_size_never_beats_the_quota(env: Env, heap: Heap, quota: None) -> None:
+    """A block's size flipped to 2 GiB while the call is in flight: never admitted."""
+    free0 = heap.free()
+    fd = env.open()
+    try:
+        outcomes, peak = race_sizes(fd, nv.build_tree(fd), heap, free0)
         print("outcomes", dict(outcomes), "peak MiB", peak >> 20)
         assert peak <= LIMIT, f"nvsim held {peak >> 20} MiB over a 1 GiB limit"
         # Both sizes reached the daemon: admitted blocks and refused ones.
@@ -615,7 +626,6 @@ def test_racing_size_never_beats_the_quota(env: Env, heap: Heap, quota: None) ->
             assert time.monotonic() < deadline, (charged("racer"), used)
             time.sleep(0.1)
     finally:
-        stop.set()
         os.close(fd)
     assert heap.free() == free0
     deadline = time.monotonic() + 60

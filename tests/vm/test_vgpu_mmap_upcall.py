@@ -144,7 +144,19 @@ def test_mmap_upcall(vg: Env) -> None:
             with contextlib.suppress(OSError):
                 _mmap(ctl, PAGE)
             assert stats()["upcalls"] == before["upcalls"] + 3
-            # Fail policy: closed refuses, open forwards.
+    finally:
+        os.close(ctl)
+        os.close(uvm)
+
+
+def test_mmap_upcall_fail_policy(vg: Env) -> None:
+    """No daemon: closed refuses, open forwards; without the flag no upcall."""
+    if not (vg.dev / "nvidia-uvm").exists():
+        pytest.skip("no nvidia-uvm node")
+    uvm = vg.open("nvidia-uvm")
+    try:
+        with daemon([], FILTER_UVM_MMAP) as g:
+            before = stats()
             g.unregister()
             with pytest.raises(OSError) as e:
                 _mmap(uvm, PAGE)
@@ -153,7 +165,6 @@ def test_mmap_upcall(vg: Env) -> None:
             with contextlib.suppress(OSError):
                 _mmap(uvm, PAGE)
             assert stats()["fail_open"] == before["fail_open"] + 1
-        # Without the flag no mmap is upcalled.
         set_param("vgpu", "fail_open", "0")
         set_filter([])
         before = stats()
@@ -161,7 +172,7 @@ def test_mmap_upcall(vg: Env) -> None:
             _mmap(uvm, PAGE)
         assert stats()["upcalls"] == before["upcalls"]
     finally:
-        os.close(ctl)
+        set_param("vgpu", "fail_open", "0")
         os.close(uvm)
 
 
