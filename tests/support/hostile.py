@@ -1,0 +1,85 @@
+"""A hostile tenant for the VM tier: code run as an unprivileged uid.
+
+The hostile tests (tests/vm/hostile/) run the attack as TENANT_UID with
+setpriv, optionally inside `unshare -Urm` (its own user and mount namespace),
+and judge the harm by nvsim's own accounting and by what the tenant's
+processes hold afterwards (`backing_fds`).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+from tests.support.guest import ROOT
+
+TENANT_UID = 1003
+TENANT_GID = 1003
+
+
+def tenant_argv(code: str, *, userns: bool = False) -> list[str]:
+    """argv that runs Python `code` as TENANT_UID (in a new user+mount namespace
+    if userns), with the repository importable."""
+    argv = ["setpriv", f"--reuid={TENANT_UID}", f"--regid={TENANT_GID}", "--clear-groups",
+            "--inh-caps=-all"]
+    if userns:
+        argv += ["unshare", "--user", "--map-root-user", "--mount"]
+    return [*argv, sys.executable, "-c", code]
+
+
+def spawn_tenant(code: str, *, userns: bool = False,
+                 cgroup: Path | None = None) -> subprocess.Popen[str]:
+    """Start the attack; it is placed in `cgroup` (cgroup v2 dir) before it runs."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    pre = None
+    if cgroup is not None:
+        procs = cgroup / "cgroup.procs"
+
+        def pre() -> None:
+            procs.write_text(str(os.getpid()))
+    return subprocess.Popen(tenant_argv(code, userns=userns), env=env, cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=pre)
+
+
+def run_tenant(code: str, *, userns: bool = False, cgroup: Path | None = None,
+               timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    p = spawn_tenant(code, userns=userns, cgroup=cgroup)
+    out, err = p.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def uid_pids(uid: int = TENANT_UID) -> list[int]:
+    """Every process whose real uid is `uid`."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if d.stat().st_uid == uid:
+                    pids.append(int(d.name))
+            except FileNotFoundError:
+                continue
+    return pids
+
+
+def backing_fds(pids: Iterable[int], backing_rdevs: set[int]) -> list[str]:
+    """fds of these processes that are the backing driver's device files
+    (st_rdev in backing_rdevs): what a tenant must never hold."""
+    found = []
+    for pid in pids:
+        fd_dir = Path(f"/proc/{pid}/fd")
+        try:
+            fds = list(fd_dir.iterdir())
+        except (FileNotFoundError, PermissionError):
+            continue
+        for fd in fds:
+            try:
+                st = os.stat(fd)
+            except OSError:
+                continue
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev in backing_rdevs:
+                found.append(f"{pid}:{fd.name} -> {os.readlink(fd)}")
+    return found
