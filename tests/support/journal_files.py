@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 from vgpud.core.ledger import Ledger
@@ -34,3 +36,16 @@ MACHINE_SETTINGS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+
+def record_writes(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Every os.write the journal makes from now on, in order (still written)."""
+    writes: list[bytes] = []
+    real_write = os.write
+
+    def spy(fd: int, data: bytes) -> int:
+        writes.append(bytes(data))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(J.os, "write", spy)
+    return writes

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
 
-from tests.support.journal_files import ID, MACHINE_SETTINGS, fresh, journal_file
+from tests.support.journal_files import ID, MACHINE_SETTINGS, fresh, journal_file, record_writes
 from tests.support.ledger_model import ACCOUNTS, LedgerMachine, ModelNode
 from vgpud.core.ledger import (
     Change,
@@ -262,14 +262,7 @@ def test_one_write_per_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     journal = ChargeAndGroupJournal(tmp_path / "charges", ID, ledger)
     journal.start()
     follow(journal, ledger)
-    writes: list[bytes] = []
-    real_write = os.write
-
-    def spy(fd: int, data: bytes) -> int:
-        writes.append(bytes(data))
-        return real_write(fd, data)
-
-    monkeypatch.setattr(J.os, "write", spy)
+    writes = record_writes(monkeypatch)
     populate(ledger)
     assert [J.decode(J._checked(w[:-1])) for w in writes] == [
         Opened(1, "a"), Tracked(1, CLIENT, None, None), Tracked(1, DEVICE, CLIENT, 0),

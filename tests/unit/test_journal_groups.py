@@ -20,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from tests.support.daemon_world import QuotaWorld
 from tests.support.fakekernel import make_context
-from tests.support.journal_files import ID, MACHINE_SETTINGS, fresh, journal_file
+from tests.support.journal_files import ID, MACHINE_SETTINGS, fresh, journal_file, record_writes
 from tests.support.sched_world import CONFIG as SCHED_CONFIG
 from tests.support.sched_world import Clock, Recorder, Timers, settle
 from vgpud.admin.manager import Manager
@@ -264,14 +264,7 @@ def test_group_changes_are_one_write_each_and_come_first(
     assert journal.start()
     follow(journal, ledger, tracker)  # first, as in vgpud.app: on file before it is acted on
     tracker.observers.subscribe(Observer())
-    writes: list[bytes] = []
-    real_write = os.write
-
-    def spy(fd: int, data: bytes) -> int:
-        writes.append(bytes(data))
-        return real_write(fd, data)
-
-    monkeypatch.setattr(J.os, "write", spy)
+    writes = record_writes(monkeypatch)
     ledger.open(1, "a")
     tracker.add(G1)
     tracker.set_paused(G1, True)

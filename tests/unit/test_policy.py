@@ -97,15 +97,20 @@ def test_malformed_upcalls() -> None:
         codec.DecodeError("x", upcall_id=3)) == ALLOW
 
 
-def test_undecodable_rm_params_reach_the_policy_as_no_call() -> None:
-    seen = []
+def spying_dispatcher() -> tuple[Dispatcher, list[object]]:
+    """A Dispatcher over a policy that allows all and keeps each decoded call."""
+    seen: list[object] = []
 
     class Spy(AllowAll):
         def decide(self, request: Request) -> Verdict:
             seen.append(request.call)
             return ALLOW
 
-    d = Dispatcher(Spy())
+    return Dispatcher(Spy()), seen
+
+
+def test_undecodable_rm_params_reach_the_policy_as_no_call() -> None:
+    d, seen = spying_dispatcher()
     d.on_upcall(upcall(b"\0" * 40))
     d.on_upcall(upcall(b"\0" * 40, node=Node.UVM, nr=0x30000001 & 0xFF))
     assert seen == [None, None] and d.counters.call_errors == 1
@@ -182,14 +187,7 @@ def test_sched_off_fits_rm_allocs_only(nr: int, size: int, flags: int, ok: bool)
 
 
 def test_mmap_params_reach_the_policy_decoded() -> None:
-    seen = []
-
-    class Spy(AllowAll):
-        def decide(self, request: Request) -> Verdict:
-            seen.append(request.call)
-            return ALLOW
-
-    d = Dispatcher(Spy())
+    d, seen = spying_dispatcher()
     d.on_upcall(upcall(uapi.MMAP_PARAMS.struct.pack(0, 4096, 3, 1), kind=UpcallKind.MMAP,
                        node=Node.UVM))
     d.on_upcall(upcall(b"\0" * 8, kind=UpcallKind.MMAP, node=Node.UVM))
