@@ -13,6 +13,8 @@ import struct
 import time
 from collections.abc import Iterator
 
+from vgpud.kernel import uapi
+
 NETLINK_GENERIC = 16
 NLMSG_ERROR = 2
 NLM_F_REQUEST, NLM_F_ACK = 1, 4
@@ -33,7 +35,7 @@ F_XFER, F_DATA_FAULT, F_DATA_BIG = 1, 2, 4
 ALLOW, DENY, FAIL_STATUS, REPLY = 1, 2, 3, 4
 VERDICT_F_POST = 1
 EVENT_POST, EVENT_CLOSE = 1, 2
-PROTO_VERSION = 3
+PROTO_VERSION = uapi.PROTO_VERSION  # the header's, through the mirror the host tier pins
 
 RULE = struct.Struct("=8I32I")
 UPCALL = struct.Struct("=3Q12IiI")
