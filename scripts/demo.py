@@ -88,7 +88,8 @@ def compute_shares(seconds: float) -> list[float]:
 def main() -> None:
     step("load nvsim (the simulated driver: 2 GPUs x 4 GiB) and vgpu over it")
     run("insmod", str(ROOT / "kmod/nvsim/nvsim.ko"), "gpus=2", "mem_mib=4096")
-    run("insmod", str(ROOT / "kmod/vgpu/vgpu.ko"), "backing_dir=/dev/nvsim")
+    run("insmod", str(ROOT / "kmod/vgpu/vgpu.ko"), "backing_dir=/dev/nvsim",
+        "backing_driver=nvsim", "backing_uvm_driver=nvsim")
     time.sleep(0.2)
     run("ls", "-l", "/dev/vgpu")
 

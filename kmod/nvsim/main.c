@@ -30,6 +30,11 @@ static unsigned int mem_mib = 4096;
 module_param(mem_mib, uint, 0444);
 MODULE_PARM_DESC(mem_mib, "Memory per GPU in MiB (default 4096)");
 
+/* 0600 models a host whose real nodes are root-only (udev/, systemd/). */
+static unsigned int node_mode = 0666;
+module_param(node_mode, uint, 0444);
+MODULE_PARM_DESC(node_mode, "Mode of the /dev/nvsim nodes (default 0666)");
+
 /*
  * Calls that reached nvsim: every ioctl on any of its files, counted before
  * any check (read-only parameter rm_calls), so a test can prove that an
@@ -53,6 +58,24 @@ static const struct kernel_param_ops nvsim_rm_calls_ops = {
 
 module_param_cb(rm_calls, &nvsim_rm_calls_ops, NULL, 0444);
 MODULE_PARM_DESC(rm_calls, "ioctl calls received, all files (read-only)");
+
+/*
+ * Successful opens of any nvsim file (read-only parameter opens), so a test
+ * can prove that an opener refused above the driver never reached it.
+ */
+static atomic64_t nvsim_opens = ATOMIC64_INIT(0);
+
+static int nvsim_opens_get(char *buf, const struct kernel_param *kp)
+{
+	return sysfs_emit(buf, "%lld\n", (long long)atomic64_read(&nvsim_opens));
+}
+
+static const struct kernel_param_ops nvsim_opens_ops = {
+	.get = nvsim_opens_get,
+};
+
+module_param_cb(opens, &nvsim_opens_ops, NULL, 0444);
+MODULE_PARM_DESC(opens, "files opened, all nodes (read-only)");
 
 struct nvsim_gpu nvsim_gpus[NVSIM_MAX_GPUS];
 unsigned int nvsim_ngpus;
@@ -101,6 +124,7 @@ static int nvsim_open(struct inode *inode, struct file *file)
 		nf->gpu = &nvsim_gpus[minor];
 	}
 	file->private_data = nf;
+	atomic64_inc(&nvsim_opens);
 	return 0;
 }
 
@@ -129,7 +153,7 @@ static int nvsim_release(struct inode *inode, struct file *file)
 static char *nvsim_devnode(struct device *dev, umode_t *mode)
 {
 	if (mode)
-		*mode = 0666;
+		*mode = node_mode;
 	return kasprintf(GFP_KERNEL, "nvsim/%s", dev_name(dev));
 }
 
@@ -231,8 +255,8 @@ static int __init nvsim_init(void)
 	nvsim_abi_check();
 
 	if (gpus < 1 || gpus > NVSIM_MAX_GPUS || mem_mib < 1 ||
-	    mem_mib > (1u << 20)) {
-		pr_err("nvsim: gpus must be 1-%d and mem_mib 1-%u\n",
+	    mem_mib > (1u << 20) || node_mode > 0777) {
+		pr_err("nvsim: gpus must be 1-%d, mem_mib 1-%u, node_mode 0-0777\n",
 		       NVSIM_MAX_GPUS, 1u << 20);
 		return -EINVAL;
 	}

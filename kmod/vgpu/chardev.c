@@ -5,6 +5,13 @@
  * 254). Every open opens the matching backing driver file; calls are
  * forwarded to it, and the calls the daemon's filter selects are first
  * upcalled for a verdict.
+ *
+ * The backing nodes are resolved once, at load, in the loader's namespace,
+ * and opened with the loader's credentials: what a caller's mount namespace
+ * binds at /dev/nvidia* and who the caller is never change which file backs
+ * an emulated one. A backing file must be a character device of the
+ * expected driver module (backing_driver, backing_uvm_driver), never one of
+ * ours.
  */
 #include <linux/cdev.h>
 #include <linux/cgroup.h>
@@ -27,6 +34,8 @@
 static dev_t vgpu_devt;
 static struct cdev vgpu_cdev;
 static struct class *vgpu_class;
+/* The loader's credentials, for every backing open; held until unload. */
+static const struct cred *vgpu_backing_cred;
 /* Indexed by minor; filled before cdev_add(), read-only until unload. */
 static struct vgpu_node_dev *vgpu_nodes[VGPU_MINORS];
 static atomic64_t vgpu_ctx_ids = ATOMIC64_INIT(0);
@@ -537,18 +546,44 @@ static int vgpu_open_upcall(struct vgpu_ctx *ctx)
 	}
 }
 
-static int vgpu_open(struct inode *inode, struct file *file)
+/* Is @f a file of module @driver (and not one of ours)? */
+static bool vgpu_backing_owned(const struct file *f, const char *driver)
 {
-	struct vgpu_node_dev *nd = vgpu_nodes[iminor(inode)];
-	struct vgpu_ctx *ctx;
-	struct file *backing;
-	int err;
+	struct module *owner = f->f_op ? f->f_op->owner : NULL;
 
-	if (!nd)
-		return -ENXIO;
-	ctx = kzalloc(sizeof(*ctx), GFP_KERNEL);
-	if (!ctx)
-		return -ENOMEM;
+	if (!S_ISCHR(file_inode(f)->i_mode) || f->f_op == &vgpu_fops ||
+	    !owner || owner == THIS_MODULE)
+		return false;
+	return !strcmp(module_name(owner), driver);
+}
+
+/*
+ * Opens @nd's backing node: the path resolved at load, with the loader's
+ * credentials. A node of our own major is refused before it is opened (no
+ * recursion); a file that is not the expected driver's after.
+ */
+static struct file *vgpu_backing_open(const struct vgpu_node_dev *nd,
+				      int flags)
+{
+	struct inode *inode = d_inode(nd->path.dentry);
+	struct file *f;
+
+	if (!inode || !S_ISCHR(inode->i_mode) ||
+	    imajor(inode) == MAJOR(vgpu_devt))
+		return ERR_PTR(-ENXIO);
+	f = dentry_open(&nd->path, flags & ~(O_CREAT | O_EXCL | O_TRUNC |
+					     O_NOCTTY), vgpu_backing_cred);
+	if (IS_ERR(f))
+		return f;
+	if (!vgpu_backing_owned(f, nd->driver)) {
+		fput(f);
+		return ERR_PTR(-ENXIO);
+	}
+	return f;
+}
+
+static void vgpu_ctx_fill(struct vgpu_ctx *ctx, const struct vgpu_node_dev *nd)
+{
 	ctx->id = atomic64_inc_return(&vgpu_ctx_ids);
 	ctx->node = nd;
 	ctx->pid = task_pid_nr(current);
@@ -560,20 +595,41 @@ static int vgpu_open(struct inode *inode, struct file *file)
 	ctx->cgroup_id = cgroup_id(task_dfl_cgroup(current));
 	rcu_read_unlock();
 #endif
+}
 
-	backing = filp_open(nd->backing, file->f_flags &
-			    ~(O_CREAT | O_EXCL | O_TRUNC | O_NOCTTY), 0);
-	if (IS_ERR(backing)) {
-		err = PTR_ERR(backing);
-		goto err_free_ctx;
-	}
-	ctx->backing = backing;
+/*
+ * The OPEN verdict comes first: an opener the daemon refuses never reaches
+ * the driver. When the open fails after an allowed OPEN upcall, a CLOSE
+ * event tells the daemon the context it heard of is gone.
+ */
+static int vgpu_open(struct inode *inode, struct file *file)
+{
+	struct vgpu_node_dev *nd = vgpu_nodes[iminor(inode)];
+	struct vgpu_event ev = { .kind = VGPU_EVENT_CLOSE };
+	bool upcalled = false;
+	struct vgpu_ctx *ctx;
+	struct file *backing;
+	int err;
+
+	if (!nd)
+		return -ENXIO;
+	ctx = kzalloc(sizeof(*ctx), GFP_KERNEL);
+	if (!ctx)
+		return -ENOMEM;
+	vgpu_ctx_fill(ctx, nd);
 
 	if (vgpu_filter_wants(VGPU_FILTER_OPEN)) {
 		err = vgpu_open_upcall(ctx);
 		if (err)
-			goto err_put_backing;
+			goto err_free_ctx;
+		upcalled = true;
 	}
+	backing = vgpu_backing_open(nd, file->f_flags);
+	if (IS_ERR(backing)) {
+		err = PTR_ERR(backing);
+		goto err_closed;
+	}
+	ctx->backing = backing;
 	err = vgpu_ctx_register(ctx);
 	if (err)
 		goto err_put_backing;
@@ -585,6 +641,11 @@ static int vgpu_open(struct inode *inode, struct file *file)
 
 err_put_backing:
 	fput(backing);
+err_closed:
+	if (upcalled) {
+		ev.ctx_id = ctx->id;
+		vgpu_event(&ev, NULL, 0, NULL, 0);
+	}
 err_free_ctx:
 	kfree(ctx);
 	return err;
@@ -690,19 +751,6 @@ static char *vgpu_devnode(VGPU_DEVNODE_CONST struct device *dev, umode_t *mode)
 	return kasprintf(GFP_KERNEL, "vgpu/%s", dev_name(dev));
 }
 
-/* Is there a char device at @path? */
-static bool vgpu_backing_exists(const char *path)
-{
-	struct path p;
-	bool ok;
-
-	if (kern_path(path, LOOKUP_FOLLOW, &p))
-		return false;
-	ok = S_ISCHR(d_inode(p.dentry)->i_mode);
-	path_put(&p);
-	return ok;
-}
-
 static void vgpu_nodes_free(void)
 {
 	int i;
@@ -710,32 +758,61 @@ static void vgpu_nodes_free(void)
 	for (i = 0; i < VGPU_MINORS; i++) {
 		if (!vgpu_nodes[i])
 			continue;
-		kfree(vgpu_nodes[i]->backing);
+		path_put(&vgpu_nodes[i]->path);
 		kfree(vgpu_nodes[i]);
 		vgpu_nodes[i] = NULL;
 	}
 }
 
-/* Adds the node of @minor when its backing file exists. */
+/*
+ * Resolves @nd's backing node under backing_dir and opens it once to check
+ * it. Return: 0 when it is fit, -ENOENT when there is none, or why not.
+ */
+static int vgpu_node_resolve(struct vgpu_node_dev *nd)
+{
+	struct file *f;
+	char *bpath;
+	int err;
+
+	bpath = kasprintf(GFP_KERNEL, "%s/%s", vgpu_backing_dir, nd->name);
+	if (!bpath)
+		return -ENOMEM;
+	err = kern_path(bpath, LOOKUP_FOLLOW, &nd->path);
+	if (err)
+		goto out;
+	f = vgpu_backing_open(nd, O_RDWR);
+	if (IS_ERR(f)) {
+		err = PTR_ERR(f);
+		pr_warn("vgpu: %s is not a %s device (%d): no node %s\n",
+			bpath, nd->driver, err, nd->name);
+		path_put(&nd->path);
+		goto out;
+	}
+	fput(f);
+out:
+	kfree(bpath);
+	return err;
+}
+
+/* Adds the node of @minor when its backing node exists and is fit. */
 static int vgpu_node_probe(unsigned int minor, u32 kind, u32 index,
 			   const char *name)
 {
 	struct vgpu_node_dev *nd;
+	int err;
 
 	nd = kzalloc(sizeof(*nd), GFP_KERNEL);
 	if (!nd)
 		return -ENOMEM;
 	nd->kind = kind;
 	nd->index = index;
-	nd->backing = kasprintf(GFP_KERNEL, "%s/%s", vgpu_backing_dir, name);
-	if (!nd->backing) {
+	strscpy(nd->name, name, sizeof(nd->name));
+	nd->driver = kind == VGPU_NODE_UVM ? vgpu_backing_uvm_driver :
+					     vgpu_backing_driver;
+	err = vgpu_node_resolve(nd);
+	if (err) {
 		kfree(nd);
-		return -ENOMEM;
-	}
-	if (!vgpu_backing_exists(nd->backing)) {
-		kfree(nd->backing);
-		kfree(nd);
-		return 0;
+		return err == -ENOMEM ? err : 0;
 	}
 	vgpu_nodes[minor] = nd;
 	return 0;
@@ -751,7 +828,8 @@ static int vgpu_nodes_probe(void)
 	if (err)
 		return err;
 	if (!vgpu_nodes[VGPU_MINOR_CTL]) {
-		pr_err("vgpu: no backing %s/nvidiactl\n", vgpu_backing_dir);
+		pr_err("vgpu: no backing %s/nvidiactl of %s\n",
+		       vgpu_backing_dir, vgpu_backing_driver);
 		return -ENODEV;
 	}
 	for (i = 0; i < VGPU_MAX_GPUS; i++) {
@@ -778,17 +856,15 @@ static void vgpu_devices_destroy(void)
 static int vgpu_devices_create(void)
 {
 	struct device *dev;
-	const char *base;
 	int i;
 
 	for (i = 0; i < VGPU_MINORS; i++) {
 		if (!vgpu_nodes[i])
 			continue;
-		/* The device name is the backing file's name. */
-		base = strrchr(vgpu_nodes[i]->backing, '/') + 1;
+		/* The device name is the backing node's name. */
 		dev = device_create(vgpu_class, NULL,
 				    MKDEV(MAJOR(vgpu_devt), i), NULL, "%s",
-				    base);
+				    vgpu_nodes[i]->name);
 		if (IS_ERR(dev)) {
 			vgpu_devices_destroy();
 			return PTR_ERR(dev);
@@ -798,20 +874,26 @@ static int vgpu_devices_create(void)
 	return 0;
 }
 
+/*
+ * The loader's credentials, our major (so that no backing can be ours), the
+ * backing nodes, then the files: undone in reverse order by the error path
+ * and by exit alike.
+ */
 int vgpu_chardev_init(void)
 {
 	int err;
 
-	err = vgpu_nodes_probe();
-	if (err)
-		goto err_nodes;
+	vgpu_backing_cred = get_current_cred();
 	err = alloc_chrdev_region(&vgpu_devt, 0, VGPU_MINORS, "vgpu");
+	if (err)
+		goto err_cred;
+	err = vgpu_nodes_probe();
 	if (err)
 		goto err_nodes;
 	vgpu_class = vgpu_class_create("vgpu");
 	if (IS_ERR(vgpu_class)) {
 		err = PTR_ERR(vgpu_class);
-		goto err_region;
+		goto err_nodes;
 	}
 	vgpu_class->devnode = vgpu_devnode;
 	cdev_init(&vgpu_cdev, &vgpu_fops);
@@ -828,10 +910,11 @@ err_cdev:
 	cdev_del(&vgpu_cdev);
 err_class:
 	class_destroy(vgpu_class);
-err_region:
-	unregister_chrdev_region(vgpu_devt, VGPU_MINORS);
 err_nodes:
 	vgpu_nodes_free();
+	unregister_chrdev_region(vgpu_devt, VGPU_MINORS);
+err_cred:
+	put_cred(vgpu_backing_cred);
 	return err;
 }
 
@@ -840,6 +923,7 @@ void vgpu_chardev_exit(void)
 	vgpu_devices_destroy();
 	cdev_del(&vgpu_cdev);
 	class_destroy(vgpu_class);
-	unregister_chrdev_region(vgpu_devt, VGPU_MINORS);
 	vgpu_nodes_free();
+	unregister_chrdev_region(vgpu_devt, VGPU_MINORS);
+	put_cred(vgpu_backing_cred);
 }

@@ -18,6 +18,14 @@ char *vgpu_backing_dir = "/dev";
 module_param_named(backing_dir, vgpu_backing_dir, charp, 0444);
 MODULE_PARM_DESC(backing_dir, "directory of the backing driver's nodes (default /dev)");
 
+char *vgpu_backing_driver = "nvidia";
+module_param_named(backing_driver, vgpu_backing_driver, charp, 0444);
+MODULE_PARM_DESC(backing_driver, "module that must own nvidiactl and nvidiaN (default nvidia)");
+
+char *vgpu_backing_uvm_driver = "nvidia_uvm";
+module_param_named(backing_uvm_driver, vgpu_backing_uvm_driver, charp, 0444);
+MODULE_PARM_DESC(backing_uvm_driver, "module that must own nvidia-uvm (default nvidia_uvm)");
+
 unsigned int vgpu_upcall_timeout_ms = 5000;
 module_param_named(upcall_timeout_ms, vgpu_upcall_timeout_ms, uint, 0644);
 MODULE_PARM_DESC(upcall_timeout_ms, "how long a call waits for the daemon's verdict (ms, default 5000)");
@@ -95,7 +103,8 @@ static int __init vgpu_init(void)
 	err = vgpu_chardev_init();
 	if (err)
 		goto err_genl;
-	pr_info("vgpu: loaded, backing %s, protocol %u\n", vgpu_backing_dir,
+	pr_info("vgpu: loaded, backing %s (%s, %s), protocol %u\n",
+		vgpu_backing_dir, vgpu_backing_driver, vgpu_backing_uvm_driver,
 		VGPU_PROTO_VERSION);
 	return 0;
 

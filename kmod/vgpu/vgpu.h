@@ -10,6 +10,7 @@
 #include <linux/atomic.h>
 #include <linux/percpu.h>
 #include <linux/fs.h>
+#include <linux/path.h>
 #include <linux/rcupdate.h>
 #include <linux/bitmap.h>
 #include <linux/bits.h>
@@ -27,6 +28,8 @@ struct sk_buff;
 
 /* Module parameters (main.c). */
 extern char *vgpu_backing_dir;
+extern char *vgpu_backing_driver;
+extern char *vgpu_backing_uvm_driver;
 extern unsigned int vgpu_upcall_timeout_ms;
 extern bool vgpu_fail_open;
 
@@ -61,13 +64,18 @@ DECLARE_PER_CPU(struct vgpu_counters, vgpu_counters);
  * struct vgpu_node_dev - one emulated device file, fixed from load to unload
  * @kind: enum vgpu_node
  * @index: GPU index for VGPU_NODE_GPU, else 0
- * @backing: path of the backing driver's node
+ * @name: its name, the backing node's too (nvidiactl, nvidiaN, nvidia-uvm)
+ * @driver: the module that must own the backing file's f_op
+ * @path: the backing driver's node, resolved once at load in the loader's
+ *	namespace; one reference held until unload
  * @dev: our device (class device, devtmpfs node vgpu/<name>)
  */
 struct vgpu_node_dev {
 	u32 kind;
 	u32 index;
-	char *backing;
+	char name[16];
+	const char *driver;
+	struct path path;
 	struct device *dev;
 };
 

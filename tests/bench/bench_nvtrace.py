@@ -84,7 +84,8 @@ def main() -> None:
     args = ap.parse_args()
     sh("make", "-s", "-C", str(LIB.parent))
     sh("insmod", str(ROOT / "kmod/nvsim/nvsim.ko"), "gpus=1", "mem_mib=1024")
-    sh("insmod", str(ROOT / "kmod/vgpu/vgpu.ko"), "backing_dir=/dev/nvsim")
+    sh("insmod", str(ROOT / "kmod/vgpu/vgpu.ko"), "backing_dir=/dev/nvsim",
+       "backing_driver=nvsim", "backing_uvm_driver=nvsim")
     try:
         tmp = Path(tempfile.mkdtemp())
         lat = tmp / "ioctl_lat"

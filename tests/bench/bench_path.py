@@ -109,7 +109,8 @@ def main() -> None:
     args = ap.parse_args()
 
     sh("insmod", str(ROOT / "kmod/nvsim/nvsim.ko"), "gpus=1", "mem_mib=4096")
-    sh("insmod", str(ROOT / "kmod/vgpu/vgpu.ko"), "backing_dir=/dev/nvsim")
+    sh("insmod", str(ROOT / "kmod/vgpu/vgpu.ko"), "backing_dir=/dev/nvsim",
+       "backing_driver=nvsim", "backing_uvm_driver=nvsim")
     tmp = Path(tempfile.mkdtemp())
     lat, resp = build(tmp)
     rule = f"ctl:0x2a:0:8:-:-:{CTRL:#x}"

@@ -107,7 +107,8 @@ async def bench() -> None:
 
 def main() -> None:
     sh("insmod", str(ROOT / "kmod/nvsim/nvsim.ko"), "gpus=1", "mem_mib=1024")
-    sh("insmod", str(ROOT / "kmod/vgpu/vgpu.ko"), "backing_dir=/dev/nvsim")
+    sh("insmod", str(ROOT / "kmod/vgpu/vgpu.ko"), "backing_dir=/dev/nvsim",
+       "backing_driver=nvsim", "backing_uvm_driver=nvsim")
     try:
         deadline = time.monotonic() + 5
         while not os.path.exists("/dev/vgpu/nvidiactl") and time.monotonic() < deadline:

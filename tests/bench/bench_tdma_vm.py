@@ -162,7 +162,8 @@ def main() -> None:
     ap.add_argument("--group-allocs", type=int, default=200)
     args = ap.parse_args()
     sh("insmod", str(ROOT / "kmod/nvsim/nvsim.ko"), "gpus=1", "mem_mib=4096")
-    sh("insmod", str(ROOT / "kmod/vgpu/vgpu.ko"), "backing_dir=/dev/nvsim")
+    sh("insmod", str(ROOT / "kmod/vgpu/vgpu.ko"), "backing_dir=/dev/nvsim",
+       "backing_driver=nvsim", "backing_uvm_driver=nvsim")
     rng = random.Random(1)
     try:
         direct, via = (percentiles(t) for t in group_round_trips(args.group_allocs))

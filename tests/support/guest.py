@@ -15,6 +15,8 @@ NVSIM_KO = ROOT / "kmod/nvsim/nvsim.ko"
 VGPU_KO = ROOT / "kmod/vgpu/vgpu.ko"
 NVSIM_DIR = Path("/dev/nvsim")
 VGPU_DIR = Path("/dev/vgpu")
+# vgpu's parameters over nvsim: where its nodes are and the module owning them.
+VGPU_OVER_NVSIM = (f"backing_dir={NVSIM_DIR}", "backing_driver=nvsim", "backing_uvm_driver=nvsim")
 
 
 def in_guest() -> bool:
@@ -69,9 +71,13 @@ def set_param(module: str, name: str, value: str) -> None:
     Path(f"/sys/module/{module}/parameters/{name}").write_text(value)
 
 
-def nvsim_loaded(mem_mib: int) -> Iterator[Path]:
-    """nvsim with 2 GPUs of mem_mib, unloaded (and checked) after the test."""
-    insmod(NVSIM_KO, "gpus=2", f"mem_mib={mem_mib}")
+def get_param(module: str, name: str) -> str:
+    return Path(f"/sys/module/{module}/parameters/{name}").read_text().strip()
+
+
+def nvsim_loaded(mem_mib: int, *params: str) -> Iterator[Path]:
+    """nvsim with 2 GPUs of mem_mib (and params), unloaded (and checked) after the test."""
+    insmod(NVSIM_KO, "gpus=2", f"mem_mib={mem_mib}", *params)
     wait_path(NVSIM_DIR / "nvidiactl")
     yield NVSIM_DIR
     res = rmmod("nvsim")

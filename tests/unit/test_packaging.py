@@ -2,7 +2,8 @@
 
 systemd/vgpud.service through systemd-analyze verify (with ExecStart pointed
 at this checkout's vgpud, as an install would), systemd/vgpu.conf through
-modprobe's own config parser. The udev rule is checked in the VM tier
+modprobe's own config parser (and systemd/nvidia-root-only.conf, which makes
+the NVIDIA driver's nodes root-only). The udev rule is checked in the VM tier
 (tests/vm/test_packaging.py), where the module's devices exist.
 """
 
@@ -56,8 +57,32 @@ def test_unit_matches_the_daemon() -> None:
     assert "kill -HUP" in text and "SIGHUP" in daemon
 
 
-@pytest.mark.skipif(not Path("/sbin/modprobe").exists(), reason="kmod not installed")
+needs_modprobe = pytest.mark.skipif(not Path("/sbin/modprobe").exists(),
+                                    reason="kmod not installed")
+
+
+def showconfig(conf: Path) -> str:
+    return subprocess.run(["/sbin/modprobe", f"--config={conf}", "--showconfig"],
+                          capture_output=True, text=True, check=True).stdout
+
+
+@needs_modprobe
 def test_modprobe_options_parse() -> None:
-    res = subprocess.run(["/sbin/modprobe", f"--config={ROOT / 'systemd/vgpu.conf'}",
-                          "--showconfig"], capture_output=True, text=True, check=True)
-    assert "options vgpu backing_dir=/dev fail_open=N upcall_timeout_ms=5000" in res.stdout
+    assert ("options vgpu backing_dir=/dev fail_open=N upcall_timeout_ms=5000 "
+            "backing_driver=nvidia backing_uvm_driver=nvidia_uvm") in showconfig(
+                ROOT / "systemd/vgpu.conf")
+
+
+@needs_modprobe
+def test_real_nodes_are_root_only() -> None:
+    """nvidia.ko's own device-file options (NVreg_DeviceFile*, nv-reg.h)."""
+    assert ("options nvidia NVreg_ModifyDeviceFiles=1 NVreg_DeviceFileUID=0 "
+            "NVreg_DeviceFileGID=0 NVreg_DeviceFileMode=0600") in showconfig(
+                ROOT / "systemd/nvidia-root-only.conf")
+
+
+def test_unit_loads_the_module_outside_its_bounding_set() -> None:
+    """The daemon's capabilities cannot load a module: modprobe runs with "+"."""
+    text = UNIT.read_text()
+    assert "ExecStartPre=+/sbin/modprobe vgpu\n" in text
+    assert "CAP_SYS_MODULE" not in text.split("CapabilityBoundingSet=")[1].split("\n")[0]

@@ -16,8 +16,10 @@ import pytest
 
 from tests.support import responder
 from tests.support.guest import (
+    NVSIM_DIR,
     VGPU_DIR,
     VGPU_KO,
+    VGPU_OVER_NVSIM,
     Env,
     in_guest,
     insmod,
@@ -59,7 +61,8 @@ def nvsim() -> Iterator[Path]:
 @pytest.fixture
 def vgpu(nvsim: Path) -> Iterator[Path]:
     """vgpu over nvsim; a short upcall timeout keeps failure tests fast."""
-    insmod(VGPU_KO, f"backing_dir={nvsim}", "upcall_timeout_ms=2000")
+    assert nvsim == NVSIM_DIR
+    insmod(VGPU_KO, *VGPU_OVER_NVSIM, "upcall_timeout_ms=2000")
     wait_path(VGPU_DIR / "nvidiactl")
     yield VGPU_DIR
     res = rmmod("vgpu")

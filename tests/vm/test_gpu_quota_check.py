@@ -10,6 +10,7 @@ program of tests' own client that opens /dev/nvidiactl: 1 GiB must pass,
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,7 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.guest import NVSIM_DIR, NVSIM_KO, insmod, loaded, rmmod, wait_path
+from tests.support.guest import (
+    NVSIM_DIR,
+    NVSIM_KO,
+    VGPU_OVER_NVSIM,
+    insmod,
+    loaded,
+    rmmod,
+    wait_path,
+)
 
 pytestmark = pytest.mark.vm
 
@@ -55,7 +64,8 @@ def test_quota_step_over_nvsim(placeholders: None, tmp_path: Path) -> None:
     try:
         res = subprocess.run([str(ROOT / "scripts/gpu-quota-check"), str(tmp_path),
                               str(NVSIM_DIR), sys.executable, "-c", PROGRAM],
-                             capture_output=True, text=True, timeout=600)
+                             capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "VGPU_PARAMS": " ".join(VGPU_OVER_NVSIM[1:])})
     finally:
         assert not loaded("vgpu")  # the script unloaded it
         assert rmmod("nvsim").returncode == 0

@@ -25,7 +25,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.guest import NVSIM_DIR, ROOT, VGPU_DIR, VGPU_KO, loaded, rmmod, run, wait_path
+from tests.support.guest import (
+    NVSIM_DIR,
+    ROOT,
+    VGPU_DIR,
+    VGPU_KO,
+    VGPU_OVER_NVSIM,
+    loaded,
+    rmmod,
+    run,
+    wait_path,
+)
 from vgpud.kernel.channel import FamilyNotFound, resolve_family
 
 pytestmark = pytest.mark.vm
@@ -71,7 +81,7 @@ def installed(tmp_path: Path) -> Iterator[Path]:
     shutil.copy(VGPU_KO, tree / "extra/vgpu.ko")
     _check(run("depmod", "-b", str(tmp_path), kver), "depmod")
     MODPROBE_CONF.parent.mkdir(parents=True, exist_ok=True)
-    MODPROBE_CONF.write_text(f"options vgpu backing_dir={NVSIM_DIR} upcall_timeout_ms=2000\n")
+    MODPROBE_CONF.write_text(f"options vgpu {' '.join(VGPU_OVER_NVSIM)} upcall_timeout_ms=2000\n")
     _check(run("mount", "--bind", str(tree), str(real)), "bind mount")
     try:
         yield tree

@@ -22,7 +22,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.guest import NVSIM_DIR, NVSIM_KO, VGPU_DIR, VGPU_KO, insmod, rmmod, wait_path
+from tests.support.guest import (
+    NVSIM_DIR,
+    NVSIM_KO,
+    VGPU_DIR,
+    VGPU_KO,
+    VGPU_OVER_NVSIM,
+    insmod,
+    rmmod,
+    wait_path,
+)
 from vgpud.nvidia.escapes import Escape
 from vgpud.nvtrace.calls import Ioctl, events
 from vgpud.nvtrace.check import check_traces, format_text
@@ -116,7 +125,7 @@ def test_record_on_nvsim_checks_and_replays(lib: Path, nvsim: Path, tmp_path: Pa
 
 def test_record_through_vgpu_with_the_daemon(lib: Path, nvsim: Path, daemon_factory,
                                              tmp_path: Path) -> None:
-    insmod(VGPU_KO, f"backing_dir={nvsim}", "upcall_timeout_ms=5000")
+    insmod(VGPU_KO, *VGPU_OVER_NVSIM, "upcall_timeout_ms=5000")
     wait_path(VGPU_DIR / "nvidiactl")
     config = tmp_path / "vgpud.toml"
     config.write_text(CONFIG.format(state=tmp_path / "state.json",

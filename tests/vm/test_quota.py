@@ -24,6 +24,7 @@ from tests.support.guest import (
     ROOT,
     VGPU_DIR,
     VGPU_KO,
+    VGPU_OVER_NVSIM,
     insmod,
     remove_cgroup,
     rmmod,
@@ -264,7 +265,7 @@ def test_each_load_of_vgpu_is_another_journal_identity(nvsim: Path) -> None:
     """Context ids restart at each load: a journal must not outlive its load."""
     identities = []
     for _ in range(2):
-        insmod(VGPU_KO, f"backing_dir={nvsim}")
+        insmod(VGPU_KO, *VGPU_OVER_NVSIM)
         wait_path(VGPU_DIR / "nvidiactl")
         identities.append(current_identity())
         assert rmmod("vgpu").returncode == 0

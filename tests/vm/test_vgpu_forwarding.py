@@ -168,7 +168,8 @@ def test_rmmod_refused_open_and_caller_killed(vg: Env) -> None:
         g.close()
     # The module unloads now that nothing is open, and loads again.
     params = {p: Path(f"/sys/module/vgpu/parameters/{p}").read_text().strip()
-              for p in ("backing_dir", "upcall_timeout_ms")}
+              for p in ("backing_dir", "backing_driver", "backing_uvm_driver",
+                        "upcall_timeout_ms")}
     wait_for(lambda: stats()["daemon_portid"] == 0, what="daemon socket release")
     res = rmmod("vgpu")
     assert res.returncode == 0, res.stderr
