@@ -236,7 +236,7 @@ def opener(tgid: int = 100, uid: int = 1000, cgroup: str = "/user.slice/app") ->
 
 
 TENANTS = (
-    Tenant(name="pods", match=(MatchRule(cgroup="/kubepods/*/pod-a*"),)),
+    Tenant(name="pods", match=(MatchRule(cgroup="/kubepods/*/pod-a*/**"),)),
     Tenant(name="bob", match=(MatchRule(uid=1001),), pids=(555,)),
     Tenant(name="both", match=(MatchRule(uid=1002, cgroup="/batch/*"),)),
     Tenant(name="users", match=(MatchRule(uid=1001), MatchRule(cgroup="/user.slice/*"))),

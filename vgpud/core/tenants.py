@@ -11,7 +11,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
-from fnmatch import fnmatchcase
 from fractions import Fraction
 from typing import Annotated, Any, Literal
 
@@ -26,6 +25,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import core_schema
+
+from vgpud.core.cgroup_glob import compile_glob, glob_matches
 
 U64_MAX = 2**64 - 1
 MAX_GPU_INDEX = 247  # /dev/nvidiaN minors stop below nvidia-modeset/nvidiactl
@@ -164,8 +165,9 @@ def _parse_gpus(value: object) -> tuple[int, ...] | Literal["all"]:
 class MatchRule(BaseModel):
     """One rule; every field given must match (AND). At least one field is given.
 
-    `cgroup` is an fnmatch glob on the cgroup v2 path (e.g. "/kubepods/*/pod-abc*");
-    `*` also matches "/".
+    `cgroup` is a glob on the cgroup v2 path (e.g. "/kubepods/*/pod-abc*"):
+    `*`, `?` and `[...]` stay within one path component, `**` spans several
+    (vgpud.core.cgroup_glob).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -177,12 +179,14 @@ class MatchRule(BaseModel):
     def _not_empty(self) -> MatchRule:
         if self.cgroup is None and self.uid is None:
             raise ValueError("a match rule needs cgroup or uid")
+        if self.cgroup is not None:
+            compile_glob(self.cgroup)
         return self
 
     def matches(self, opener: Opener) -> bool:
         if self.uid is not None and opener.uid != self.uid:
             return False
-        return self.cgroup is None or fnmatchcase(opener.cgroup_path, self.cgroup)
+        return self.cgroup is None or glob_matches(self.cgroup, opener.cgroup_path)
 
 
 class Tenant(BaseModel):

@@ -16,7 +16,7 @@
     cap = 50                       # percent of GPU time, optional
     priority = "best-effort"       # or "priority"
     pids = [4242]                  # explicit bindings by process id
-    match = [{ cgroup = "/kubepods/*/pod-alice*" }, { uid = 1000 }]
+    match = [{ cgroup = "/kubepods/*/pod-alice*/**" }, { uid = 1000 }]
 
 Tenant order matters: an opener gets the first tenant with a matching rule.
 Unknown keys are errors; every error names the file, the key and the problem.
