@@ -35,6 +35,20 @@ def mem_alloc(size: int, status: int = 0, h_new: int = 0) -> tuple[bytes, bytes]
     return L.NVOS21.struct.pack(1, 2, h_new, 0x40, 0x1000, len(alloc), status), alloc
 
 
+def device_alloc(h_device: int = 2, device_id: int = 0) -> tuple[bytes, bytes]:
+    """NVOS21 for NV01_DEVICE_0 under client 1 (memory is made under a device)."""
+    alloc = L.NV0080_ALLOC_PARAMETERS.struct.pack(device_id, 0, 0, 0, 0, 0, 0, 0, 0)
+    return L.NVOS21.struct.pack(1, 1, h_device, 0x80, 0x1000, len(alloc), 0), alloc
+
+
+async def make_device(k, ctx: int, upcall_id: int) -> None:
+    """Allocates device 2 of client 1 on GPU 0 through context `ctx`."""
+    params, alloc = device_alloc()
+    k.send(upcall_msg(params, alloc, id=upcall_id, ctx_id=ctx, nr=0x2B))
+    assert (await k.verdicts.get())[:2] == (upcall_id, VerdictAction.ALLOW)
+    k.send(post_event_msg(ctx, upcall_id, 0x2B, 0, params, alloc))
+
+
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 20))
 
@@ -57,6 +71,7 @@ def test_quota_daemon_on_the_bus(tmp_path: Path, system_bus) -> None:
         k = world.kernel
         k.send(upcall_msg(kind=UpcallKind.OPEN, id=1, ctx_id=7, uid=1000, cgroup="/"))
         assert (await k.verdicts.get())[:2] == (1, VerdictAction.ALLOW)
+        await make_device(k, 7, 100)
         params, alloc = mem_alloc(GIB)
         k.send(upcall_msg(params, alloc, id=2, ctx_id=7, nr=0x2B))
         assert (await k.verdicts.get())[:2] == (2, VerdictAction.ALLOW)
@@ -145,6 +160,8 @@ async def _serve_and_allocate(world: QuotaWorld) -> None:
         k.send(upcall_msg(kind=UpcallKind.OPEN, id=10 * uid + 1, ctx_id=ctx, uid=1000,
                           cgroup="/"))
         assert (await k.verdicts.get())[1] == VerdictAction.ALLOW
+        if uid == 0:
+            await make_device(k, ctx, 100)
         params, alloc = mem_alloc(size)
         k.send(upcall_msg(params, alloc, id=10 * uid + 2, ctx_id=ctx, nr=0x2B))
         assert (await k.verdicts.get())[1] == VerdictAction.ALLOW

@@ -512,3 +512,45 @@ def test_charged_never_exceeds_the_limit_at_admission(ops) -> None:
             assert usage.reserved == 0
         w.close(ctx)
         assert w.used("a") == 0
+
+
+# --- a tenant's gpus list (issue 10, item 14) ---
+
+
+def test_open_of_a_gpu_outside_the_list_is_refused(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    # tenant b: gpus = [1]
+    verdict = w.upcall(2, kind=UpcallKind.OPEN, cgroup="/pods/b-1", uid=5, node=Node.GPU,
+                       minor=0)[1]
+    assert verdict == Verdict.deny(errno.EACCES)
+    assert w.manager.contexts("b") == 0
+    assert w.upcall(3, kind=UpcallKind.OPEN, cgroup="/pods/b-1", uid=5, node=Node.GPU,
+                    minor=1)[1] == ALLOW
+
+
+def test_device_outside_the_list_looks_absent(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    assert w.open(2, uid=5, cgroup="/pods/b-1") == ALLOW
+    client = w.client(2)
+    dev = L.NV0080_ALLOC_PARAMETERS.struct.pack(0, 0, 0, 0, 0, 0, 0, 0, 0)
+    verdict, _ = w.rm_alloc(2, client, client, 0x80, dev)
+    assert verdict == Verdict.fail_status(NvStatus.INVALID_CLASS, 28)
+    # no alloc params at all: the driver takes device 0, refused the same way
+    assert w.rm_alloc(2, client, client, 0x80)[0] == Verdict.fail_status(
+        NvStatus.INVALID_CLASS, 28)
+    device, _sub = w.device(2, client, 1)
+    assert w.ledger.gpu_of(Key(client, device)) == 1
+
+
+def test_memory_under_an_unknown_parent_is_refused(tmp_path: Path) -> None:
+    """The GPU a charge goes to is the GPU the driver will use: under a parent
+    the daemon never saw, there is no such GPU, so nothing is allocated."""
+    w = World(tmp_path)
+    client, _device, sub = setup_gpu(w, 1)
+    assert w.mem(1, client, 0x7777, MIB)[0] == Verdict.fail_status(
+        NvStatus.INVALID_OBJECT_PARENT, 28)
+    assert w.mem(1, client, client, MIB)[0] == Verdict.fail_status(
+        NvStatus.INVALID_OBJECT_PARENT, 28)
+    assert w.used("a", 0) == 0
+    assert w.mem(1, client, sub, MIB)[0] == ALLOW
+    assert w.used("a", 0) == MIB

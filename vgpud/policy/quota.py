@@ -202,6 +202,9 @@ class QuotaPolicy:
         # ctx -> tenant (None: refused); contexts already in the ledger were
         # restored from the charge journal.
         self._contexts: dict[int, str | None] = dict(ledger.contexts())
+        # Contexts opened before this daemon and missing from its journal:
+        # their devices may be unknown, so their GPU is guessed (_gpu_for).
+        self._learned: set[int] = set()
         self.restored = frozenset(self._contexts)
         self._pending: dict[int, _Pending] = {}  # upcall id -> what its POST completes
         self._tenants_seen: tuple[Tenant, ...] | None = None
@@ -311,6 +314,9 @@ class QuotaPolicy:
             log.info("open refused: pid %d uid %d cgroup %s matches no tenant",
                      o.tgid, o.uid, o.cgroup)
             return DENY_EACCES
+        if upcall.node is Node.GPU and not self._allows(name, upcall.minor):
+            log.info("open refused: %s may not use GPU %d (pid %d)", name, upcall.minor, o.tgid)
+            return DENY_EACCES
         if upcall.ctx_id in self._contexts:  # a stale context of the same id
             self._close(upcall.ctx_id)
         self._start_context(upcall.ctx_id, name)
@@ -327,6 +333,7 @@ class QuotaPolicy:
         name = self._resolve(o.pid, o.tgid, o.uid, o.gid, o.cgroup_id, path or "")
         log.info("context %d (pid %d uid %d cgroup %s) opened before this daemon: tenant %s",
                  upcall.ctx_id, o.tgid, o.uid, path or f"id {o.cgroup_id}", name)
+        self._learned.add(upcall.ctx_id)
         if name is None:
             self._contexts[upcall.ctx_id] = None
         else:
@@ -348,6 +355,7 @@ class QuotaPolicy:
 
     def _close(self, ctx: int) -> None:
         name = self._contexts.pop(ctx, _MISSING)
+        self._learned.discard(ctx)
         for upcall_id in [i for i, p in self._pending.items() if p.ctx == ctx]:
             del self._pending[upcall_id]
         if name is _MISSING or name is None:
@@ -375,11 +383,34 @@ class QuotaPolicy:
                                  alloc.size, call.status_off)
         if h_class in TREE_CLASSES:
             gpu = None
-            if isinstance(call.alloc, DeviceAllocParams):
+            if h_class == NvClass.DEVICE_0:
+                gpu = self._device_gpu(upcall, call)
+                if gpu is None:
+                    return Verdict.fail_status(_params_status(upcall, call.p_alloc_params,
+                                                              call.params_size), call.status_off)
+                if not self._allows(tenant, gpu):
+                    # As the driver answers a device instance that does not exist.
+                    log.info("%s may not use GPU %d: device refused", tenant, gpu)
+                    return Verdict.fail_status(NvStatus.INVALID_CLASS, call.status_off)
+            elif isinstance(call.alloc, DeviceAllocParams):
                 gpu = call.alloc.device_id
             self._pending[upcall.id] = _Track(upcall.ctx_id, h_class, call.h_root,
                                               call.h_parent, gpu)
         return ALLOW
+
+    @staticmethod
+    def _device_gpu(upcall: Upcall, call: RmAlloc) -> int | None:
+        """The GPU an NV01_DEVICE_0 alloc names, as the driver reads it (no
+        alloc params: device 0), or None when its params did not decode."""
+        if isinstance(call.alloc, DeviceAllocParams):
+            return call.alloc.device_id
+        if not call.p_alloc_params:
+            return 0
+        return None
+
+    def _allows(self, tenant: str, gpu: int) -> bool:
+        t = self._tenant(tenant)
+        return t is not None and t.allows_gpu(gpu)
 
     def _undecodable_alloc(self, upcall: Upcall) -> Verdict:
         """RM_ALLOC whose params or alloc params did not decode: no charged class passes."""
@@ -412,8 +443,17 @@ class QuotaPolicy:
     def _reserve(self, upcall: Upcall, tenant: str, client: int, h_parent: int, h_new: int,
                  size: int, status_off: int) -> Verdict:
         parent = Key(client, h_parent)
-        gpu = self._gpu_for(parent, tenant, upcall)
         ledger = self.ledger
+        gpu = ledger.gpu_of(parent)
+        if gpu is None and upcall.ctx_id in self._learned:
+            gpu = self._gpu_for(parent, tenant, upcall)
+        if gpu is None or not self._allows(tenant, gpu):
+            # Video memory is made under a device or subdevice, and this
+            # daemon saw every device its contexts made: under anything else
+            # the GPU it would land on is unknown (or not the tenant's).
+            log.info("upcall %d: %s allocates under %s, not a device of its GPUs: refused",
+                     upcall.id, tenant, parent)
+            return Verdict.fail_status(NvStatus.INVALID_OBJECT_PARENT, status_off)
         try:
             result = ledger.reserve(upcall.ctx_id, gpu, page_round(size),
                                     parent if parent in ledger else None,
