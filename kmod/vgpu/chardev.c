@@ -512,6 +512,9 @@ static long vgpu_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 
 static int vgpu_open_upcall(struct vgpu_ctx *ctx)
 {
+	struct vgpu_opener opener = {
+		.start_boottime_ns = ctx->start_boottime,
+	};
 	struct vgpu_upcall_msg m;
 	struct vgpu_verdict v;
 	char *cgpath = NULL;
@@ -530,6 +533,7 @@ static int vgpu_open_upcall(struct vgpu_ctx *ctx)
 #endif
 	vgpu_msg_init(&m, ctx, VGPU_UPCALL_OPEN);
 	m.cgroup = cgpath;
+	m.opener = &opener;
 	out = vgpu_upcall(&m, &v);
 	kfree(cgpath);
 	if (out < 0)
@@ -590,6 +594,7 @@ static void vgpu_ctx_fill(struct vgpu_ctx *ctx, const struct vgpu_node_dev *nd)
 	ctx->tgid = task_tgid_nr(current);
 	ctx->uid = from_kuid_munged(&init_user_ns, current_fsuid());
 	ctx->gid = from_kgid_munged(&init_user_ns, current_fsgid());
+	ctx->start_boottime = current->group_leader->start_boottime;
 #ifdef CONFIG_CGROUPS
 	rcu_read_lock();
 	ctx->cgroup_id = cgroup_id(task_dfl_cgroup(current));

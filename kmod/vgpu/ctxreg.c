@@ -77,7 +77,8 @@ struct file *vgpu_ctx_backing_get(u64 id, u32 *node)
  *
  * Return: the number of entries filled.
  */
-u32 vgpu_ctx_list(u64 start, struct vgpu_context *out, u32 max, u64 *next)
+u32 vgpu_ctx_list(u64 start, struct vgpu_context *out,
+		  struct vgpu_opener *openers, u32 max, u64 *next)
 {
 	struct vgpu_ctx *ctx;
 	unsigned long index;
@@ -92,6 +93,9 @@ u32 vgpu_ctx_list(u64 start, struct vgpu_context *out, u32 max, u64 *next)
 			*next = index;
 			break;
 		}
+		openers[n] = (struct vgpu_opener) {
+			.start_boottime_ns = ctx->start_boottime,
+		};
 		out[n++] = (struct vgpu_context) {
 			.ctx_id = ctx->id,
 			.cgroup_id = ctx->cgroup_id,

@@ -201,6 +201,7 @@ static int vgpu_nl_verdict(struct sk_buff *skb, struct genl_info *info)
 static int vgpu_nl_list_contexts(struct sk_buff *skb, struct genl_info *info)
 {
 	const struct nlattr *cursor = info->attrs[VGPU_A_CURSOR];
+	struct vgpu_opener *openers;
 	struct vgpu_context *ctxs;
 	struct sk_buff *msg;
 	u64 start = 0, next;
@@ -210,6 +211,7 @@ static int vgpu_nl_list_contexts(struct sk_buff *skb, struct genl_info *info)
 
 	/* Each reply fits one attribute (nla_len is 16 bits). */
 	BUILD_BUG_ON(nla_total_size(VGPU_LIST_MAX * sizeof(*ctxs)) > U16_MAX);
+	BUILD_BUG_ON(nla_total_size(VGPU_LIST_MAX * sizeof(*openers)) > U16_MAX);
 	BUILD_BUG_ON(nla_total_size(VGPU_SCHED_MAX *
 				    sizeof(struct vgpu_sched_result)) > U16_MAX);
 	if (cursor)
@@ -217,27 +219,37 @@ static int vgpu_nl_list_contexts(struct sk_buff *skb, struct genl_info *info)
 	ctxs = kvmalloc_array(VGPU_LIST_MAX, sizeof(*ctxs), GFP_KERNEL);
 	if (!ctxs)
 		return -ENOMEM;
-	n = vgpu_ctx_list(start, ctxs, VGPU_LIST_MAX, &next);
+	openers = kvmalloc_array(VGPU_LIST_MAX, sizeof(*openers), GFP_KERNEL);
+	if (!openers) {
+		err = -ENOMEM;
+		goto out_ctxs;
+	}
+	n = vgpu_ctx_list(start, ctxs, openers, VGPU_LIST_MAX, &next);
 	msg = genlmsg_new(nla_total_size(n * sizeof(*ctxs)) +
+			  nla_total_size(n * sizeof(*openers)) +
 			  nla_total_size(sizeof(next)), GFP_KERNEL);
 	if (!msg) {
 		err = -ENOMEM;
-		goto out_free;
+		goto out_openers;
 	}
 	hdr = genlmsg_put_reply(msg, info, &vgpu_genl_family, 0,
 				VGPU_CMD_LIST_CONTEXTS);
 	if (!hdr)
 		goto out_msg;
 	if (nla_put(msg, VGPU_A_CONTEXTS, n * sizeof(*ctxs), ctxs) ||
+	    nla_put(msg, VGPU_A_OPENERS, n * sizeof(*openers), openers) ||
 	    nla_put(msg, VGPU_A_CURSOR, sizeof(next), &next))
 		goto out_msg;
 	genlmsg_end(msg, hdr);
+	kvfree(openers);
 	kvfree(ctxs);
 	return genlmsg_reply(msg, info);
 
 out_msg:
 	nlmsg_free(msg);
-out_free:
+out_openers:
+	kvfree(openers);
+out_ctxs:
 	kvfree(ctxs);
 	return err;
 }
@@ -364,11 +376,13 @@ static struct genl_family vgpu_genl_family = {
 /*
  * Builds a kernel -> daemon message: the attribute @type holding @hlen
  * bytes at @head, then PARAMS and DATA when @b has them, then the cgroup
- * path when given. Return: the message, or NULL when out of memory.
+ * path and the opener when given. Return: the message, or NULL when out of
+ * memory.
  */
 static struct sk_buff *vgpu_genl_msg(u8 cmd, int type, const void *head,
 				     size_t hlen, const struct vgpu_blocks *b,
-				     const char *cgroup)
+				     const char *cgroup,
+				     const struct vgpu_opener *opener)
 {
 	size_t cglen = cgroup ? strlen(cgroup) + 1 : 0;
 	struct sk_buff *skb;
@@ -377,7 +391,8 @@ static struct sk_buff *vgpu_genl_msg(u8 cmd, int type, const void *head,
 	skb = genlmsg_new(nla_total_size(hlen) +
 			  nla_total_size(b->params_len) +
 			  nla_total_size(b->data_len) +
-			  nla_total_size(cglen), GFP_KERNEL);
+			  nla_total_size(cglen) +
+			  nla_total_size(sizeof(*opener)), GFP_KERNEL);
 	if (!skb)
 		return NULL;
 	hdr = genlmsg_put(skb, 0, 0, &vgpu_genl_family, 0, cmd);
@@ -385,7 +400,9 @@ static struct sk_buff *vgpu_genl_msg(u8 cmd, int type, const void *head,
 	    (b->params &&
 	     nla_put(skb, VGPU_A_PARAMS, b->params_len, b->params)) ||
 	    (b->data && nla_put(skb, VGPU_A_DATA, b->data_len, b->data)) ||
-	    (cgroup && nla_put_string(skb, VGPU_A_CGROUP, cgroup))) {
+	    (cgroup && nla_put_string(skb, VGPU_A_CGROUP, cgroup)) ||
+	    (opener &&
+	     nla_put(skb, VGPU_A_OPENER, sizeof(*opener), opener))) {
 		nlmsg_free(skb);
 		return NULL;
 	}
@@ -403,7 +420,7 @@ struct sk_buff *vgpu_genl_upcall_skb(const struct vgpu_upcall_msg *m)
 	};
 
 	return vgpu_genl_msg(VGPU_CMD_UPCALL, VGPU_A_UPCALL, &m->hdr,
-			     sizeof(m->hdr), &b, m->cgroup);
+			     sizeof(m->hdr), &b, m->cgroup, m->opener);
 }
 
 struct sk_buff *vgpu_genl_event_skb(const struct vgpu_event *ev,
@@ -418,7 +435,7 @@ struct sk_buff *vgpu_genl_event_skb(const struct vgpu_event *ev,
 	};
 
 	return vgpu_genl_msg(VGPU_CMD_EVENT, VGPU_A_EVENT, ev, sizeof(*ev), &b,
-			     NULL);
+			     NULL, NULL);
 }
 
 /* Consumes @skb. Never blocks: a full receive queue is an error. */

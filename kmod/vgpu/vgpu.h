@@ -89,6 +89,8 @@ struct vgpu_node_dev {
  * @tgid: opener's process id
  * @uid: opener's fsuid (init user namespace)
  * @gid: opener's fsgid
+ * @start_boottime: start time of the opener's process (its thread-group
+ *	leader's start_boottime, ns): a pid binding names this process only
  * @rcu: for kfree_rcu: registry readers may still hold it (ctxreg.c)
  *
  * Immutable after open; in the context registry from open to release;
@@ -103,6 +105,7 @@ struct vgpu_ctx {
 	u32 tgid;
 	u32 uid;
 	u32 gid;
+	u64 start_boottime;
 	struct rcu_head rcu;
 };
 
@@ -115,7 +118,8 @@ void vgpu_chardev_exit(void);
 int vgpu_ctx_register(struct vgpu_ctx *ctx);
 void vgpu_ctx_unregister(struct vgpu_ctx *ctx);
 struct file *vgpu_ctx_backing_get(u64 id, u32 *node);
-u32 vgpu_ctx_list(u64 start, struct vgpu_context *out, u32 max, u64 *next);
+u32 vgpu_ctx_list(u64 start, struct vgpu_context *out,
+		  struct vgpu_opener *openers, u32 max, u64 *next);
 
 /* sched.c */
 int vgpu_schedule(const struct vgpu_sched *in, u32 n,
@@ -195,6 +199,7 @@ enum vgpu_outcome {
  * @data: the rule's buffer sent, or NULL
  * @data_len: its length
  * @cgroup: OPEN: the opener's cgroup path, or NULL
+ * @opener: OPEN: more of the opener (VGPU_A_OPENER), or NULL
  * @reply_params: NULL, or @params_len bytes that a REPLY fills
  * @reply_data: NULL, or @data_len bytes that a REPLY fills
  * @replied: out: VGPU_REPLIED_* of the verdict returned
@@ -206,6 +211,7 @@ struct vgpu_upcall_msg {
 	const void *data;
 	u32 data_len;
 	const char *cgroup;
+	const struct vgpu_opener *opener;
 	void *reply_params;
 	void *reply_data;
 	u32 replied;

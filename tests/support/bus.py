@@ -182,10 +182,19 @@ def write_config(directory: Path, admin_group: str = "vgpu-admin") -> Path:
     return path
 
 
+BOOT_ID = "boot-1"
+
+
+def fake_start(pid: int) -> int | None:
+    """A process table where every pid below 100000 runs, started at 10000 + pid."""
+    return 10_000 + pid if pid < 100_000 else None
+
+
 def make_manager(config_path: Path) -> Manager:
     config = load_config(config_path)
     return Manager(
-        config_path, config, load_state(config.daemon.state_path), Ledger(), GPUS
+        config_path, config, load_state(config.daemon.state_path), Ledger(), GPUS,
+        process_start=fake_start, boot_id=BOOT_ID,
     )
 
 

@@ -43,7 +43,7 @@ def upcall_struct(**kw: int) -> bytes:
 
 
 def upcall_msg(params: bytes = b"", data: bytes | None = None, cgroup: str | None = None,
-               **kw: int) -> bytes:
+               start_ns: int | None = None, **kw: int) -> bytes:
     attrs = [attr(Attr.UPCALL, upcall_struct(**kw))]
     if kw.get("kind", uapi.UpcallKind.IOCTL) != uapi.UpcallKind.OPEN:
         attrs.append(attr(Attr.PARAMS, params))
@@ -51,6 +51,8 @@ def upcall_msg(params: bytes = b"", data: bytes | None = None, cgroup: str | Non
         attrs.append(attr(Attr.DATA, data))
     if cgroup is not None:
         attrs.append(attr(Attr.CGROUP, cgroup.encode() + b"\0"))
+    if start_ns is not None:
+        attrs.append(attr(Attr.OPENER, uapi.OPENER.struct.pack(start_ns, 0)))
     return genl(Cmd.UPCALL, *attrs)
 
 

@@ -31,9 +31,10 @@ def tenant_argv(code: str, *, userns: bool = False) -> list[str]:
     return [*argv, sys.executable, "-c", code]
 
 
-def spawn_tenant(code: str, *, userns: bool = False,
-                 cgroup: Path | None = None) -> subprocess.Popen[str]:
-    """Start the attack; it is placed in `cgroup` (cgroup v2 dir) before it runs."""
+def spawn_tenant(code: str, *, userns: bool = False, cgroup: Path | None = None,
+                 stdin: bool = False) -> subprocess.Popen[str]:
+    """Start the attack; it is placed in `cgroup` (cgroup v2 dir) before it runs.
+    With `stdin`, the test can write to its stdin (a pipe)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     pre = None
     if cgroup is not None:
@@ -42,6 +43,7 @@ def spawn_tenant(code: str, *, userns: bool = False,
         def pre() -> None:
             procs.write_text(str(os.getpid()))
     return subprocess.Popen(tenant_argv(code, userns=userns), env=env, cwd=ROOT, text=True,
+                            stdin=subprocess.PIPE if stdin else None,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=pre)
 
 

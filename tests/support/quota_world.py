@@ -53,7 +53,9 @@ class World:
         (tmp / "vgpud.toml").write_text(text)
         config = parse_config(text)
         self.ledger = Ledger()
-        self.manager = Manager(tmp / "vgpud.toml", config, RuntimeState(), self.ledger, GPUS)
+        self.processes: dict[int, int] = {}  # pid -> start (clock ticks), for bindings
+        self.manager = Manager(tmp / "vgpud.toml", config, RuntimeState(), self.ledger, GPUS,
+                               process_start=self.processes.get, boot_id="boot-1")
         self.denied: list = []
         self.manager.quota_exceeded = self.denied.append  # type: ignore[method-assign]
         self.cgroups: dict[int, str] = {}
@@ -90,9 +92,11 @@ class World:
         (msg,) = codec.decode_datagram(post_event_msg(ctx, uid, nr, ret, params), FAMILY)
         self.d.on_event(msg)
 
-    def open(self, ctx: int, uid: int = 1000, cgroup: str = "/") -> Verdict:
+    def open(self, ctx: int, uid: int = 1000, cgroup: str = "/",
+             tgid: int = 100, start_ns: int | None = None) -> Verdict:
         self.uids[ctx] = uid
-        return self.upcall(ctx, kind=UpcallKind.OPEN, cgroup=cgroup, uid=uid)[1]
+        return self.upcall(ctx, kind=UpcallKind.OPEN, cgroup=cgroup, uid=uid, tgid=tgid,
+                           start_ns=start_ns)[1]
 
     def close(self, ctx: int) -> None:
         (msg,) = codec.decode_datagram(close_event_msg(ctx), FAMILY)

@@ -46,7 +46,7 @@ def test_ioctl_upcall() -> None:
         42, 9, UpcallKind.IOCTL, Node.CTL, 0x2B, 0xC020462B)
     assert msg.flags == uapi.UPCALL_F_XFER
     assert msg.params == NVOS21 and msg.data == b"\1" * 128
-    assert msg.opener == codec.Opener(100, 100, 1000, 1000, 0x100, None)
+    assert msg.opener == codec.Opener(100, 100, 1000, 1000, 0x100, None, None)
     assert (msg.caller_pid, msg.caller_tgid) == (101, 100)
 
 
@@ -56,6 +56,19 @@ def test_open_upcall_carries_cgroup() -> None:
     assert msg.kind is UpcallKind.OPEN and msg.node is Node.GPU and msg.minor == 3
     assert msg.opener.cgroup == "/kubepods/pod1" and msg.opener.uid == 0
     assert msg.params == b"" and msg.data is None
+
+
+def test_open_upcall_carries_the_openers_start_time() -> None:
+    msg = decode_one(upcall_msg(cgroup="/", start_ns=123_456_789, kind=UpcallKind.OPEN))
+    assert msg.opener.start_ns == 123_456_789
+    assert decode_one(upcall_msg(kind=UpcallKind.OPEN)).opener.start_ns is None
+    short = decode_one(genl(Cmd.UPCALL, attr(Attr.UPCALL, upcall_struct(
+        id=3, kind=UpcallKind.OPEN)), attr(Attr.OPENER, b"\0" * 8)))
+    assert isinstance(short, DecodeError) and "VGPU_A_OPENER is 8 bytes" in str(short)
+    assert short.upcall_id == 3
+    # only an OPEN upcall carries it
+    err = decode_one(upcall_msg(NVOS21, start_ns=1))
+    assert isinstance(err, DecodeError) and "unexpected attributes" in str(err)
 
 
 def test_events() -> None:

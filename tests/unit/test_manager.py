@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.bus import GIB, make_manager, write_config
+from tests.support.bus import GIB, fake_start, make_manager, write_config
 from vgpud.admin.manager import (
     BINDINGS,
     CONTEXTS,
@@ -25,6 +25,8 @@ from vgpud.admin.manager import (
     TenantsChanged,
 )
 from vgpud.core.ledger import Denied, Key, Ledger, Reservation, UnknownTenant
+from vgpud.core.tenants import Binding
+from vgpud.store.config import load_config
 from vgpud.store.state import load_state
 
 
@@ -203,7 +205,7 @@ def test_contexts(manager: Manager, recorder: Recorder) -> None:
 
 def test_bindings(manager: Manager, recorder: Recorder) -> None:
     manager.bind(4242, "alice")
-    assert manager.bindings == {4242: "alice"}
+    assert manager.bindings == {4242: Binding("alice", fake_start(4242))}
     assert manager.pids("alice") == (4242,)
     manager.bind(4242, "shared")  # rebinding tells both tenants
     assert recorder.events[-2:] == [
@@ -216,9 +218,32 @@ def test_bindings(manager: Manager, recorder: Recorder) -> None:
         manager.unbind(1)
     with pytest.raises(NoSuchTenant):
         manager.bind(1, "carol")
+    with pytest.raises(InvalidArgument, match="no process 100001"):
+        manager.bind(100_001, "alice")
     assert snapshot(manager) == before
     manager.unbind(4242)
     assert manager.bindings == {}
+
+
+def test_a_binding_names_one_process(config_path: Path) -> None:
+    """The pid of a process that exited, given to another, is not bound; nor
+    is a pid after a reboot. Bindings of processes gone are dropped."""
+    table = {42: 500, 43: 600}
+    config = load_config(config_path)
+
+    def manager(boot: str) -> Manager:
+        return Manager(config_path, config, load_state(config.daemon.state_path), Ledger(),
+                       (), process_start=table.get, boot_id=boot)
+
+    m = manager("boot-1")
+    m.bind(42, "alice")
+    m.bind(43, "alice")
+    assert m.bindings == {42: Binding("alice", 500), 43: Binding("alice", 600)}
+    assert manager("boot-1").bindings == m.bindings  # kept across a daemon restart
+    assert manager("boot-2").bindings == {}  # not across a reboot
+    table[42] = 900  # 42 exited; a new process got its pid
+    m.bind(43, "shared")
+    assert m.bindings == {43: Binding("shared", 600)}
 
 
 def test_reload_applies_the_new_config(manager: Manager, recorder: Recorder) -> None:

@@ -554,3 +554,20 @@ def test_memory_under_an_unknown_parent_is_refused(tmp_path: Path) -> None:
     assert w.used("a", 0) == 0
     assert w.mem(1, client, sub, MIB)[0] == ALLOW
     assert w.used("a", 0) == MIB
+
+
+# --- pid bindings name one process (issue 10, item 15) ---
+
+
+def test_binding_follows_the_process_not_the_pid(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.processes[4242] = 700  # started 7 s after boot
+    w.manager.bind(4242, "c")
+    # the bound process: uid 7 matches no rule, the binding decides
+    assert w.open(1, uid=7, tgid=4242, start_ns=7_000_000_000) == ALLOW
+    assert w.manager.contexts("c") == 1
+    # the same pid, a later process (the first exited): refused
+    assert w.open(2, uid=7, tgid=4242, start_ns=9_000_000_000) == Verdict.deny(errno.EACCES)
+    # a start the module did not send: no binding applies
+    assert w.open(3, uid=7, tgid=4242) == Verdict.deny(errno.EACCES)
+    assert w.manager.contexts("c") == 1

@@ -9,8 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from vgpud.core.tenants import MatchRule, MemoryLimit, Priority, Tenant
-from vgpud.store.state import ChangeError, RuntimeState, StateError, load_state, save_state
+from vgpud.core.tenants import Binding, MatchRule, MemoryLimit, Priority, Tenant
+from vgpud.store.state import (
+    ChangeError,
+    PidBinding,
+    RuntimeState,
+    StateError,
+    load_state,
+    save_state,
+)
 
 CONFIG = (
     Tenant(name="a", match=(MatchRule(uid=1),), weight=10),
@@ -91,18 +98,27 @@ def test_delete_runtime_tenant() -> None:
     assert state == RuntimeState()
 
 
+def pb(tenant: str, start: int = 7, boot: str = "boot-1") -> PidBinding:
+    return PidBinding(tenant=tenant, start=start, boot_id=boot)
+
+
 def test_bindings() -> None:
-    state = RuntimeState().create(CONFIG, Tenant(name="d")).bind(CONFIG, 42, "d")
-    state = state.bind(CONFIG, 43, "a")
-    assert state.effective_bindings(CONFIG) == {42: "d", 43: "a"}
+    state = RuntimeState().create(CONFIG, Tenant(name="d")).bind(CONFIG, 42, pb("d"))
+    state = state.bind(CONFIG, 43, pb("a", 9))
+    assert state.effective_bindings(CONFIG, "boot-1") == {42: Binding("d", 7),
+                                                          43: Binding("a", 9)}
     with pytest.raises(ChangeError):
-        state.bind(CONFIG, 44, "zz")
+        state.bind(CONFIG, 44, pb("zz"))
     with pytest.raises(ChangeError):
-        state.bind(CONFIG, 0, "a")
+        state.bind(CONFIG, 0, pb("a"))
     state = state.delete(CONFIG, "d")
-    assert state.bindings == {43: "a"}
+    assert state.bindings == {43: pb("a", 9)}
     # a config edit that drops the tenant makes the binding inert, not an error
-    assert state.effective_bindings(CONFIG[1:]) == {}
+    assert state.effective_bindings(CONFIG[1:], "boot-1") == {}
+    # a binding names a process of one boot: after a reboot it binds nothing
+    assert state.effective_bindings(CONFIG, "boot-2") == {}
+    assert state.without_bindings({43}).bindings == {}
+    assert state.without_bindings({44}) is state
     state = state.unbind(43)
     assert state.bindings == {}
     with pytest.raises(ChangeError):
@@ -134,7 +150,7 @@ def full_state() -> RuntimeState:
         .change(CONFIG, "a", weight=5, memory="12.5%", cap=None, priority="priority")
         .create(CONFIG, Tenant(name="d", memory="512MiB", gpus=[1], pids=[9]))
         .delete(CONFIG, "b")
-        .bind(CONFIG, 1234, "d")
+        .bind(CONFIG, 1234, pb("d", 55))
     )
 
 
@@ -145,7 +161,8 @@ def test_round_trip(tmp_path: Path) -> None:
     loaded = load_state(path)
     assert loaded == state
     assert loaded.tenants(CONFIG) == state.tenants(CONFIG)
-    assert json.loads(path.read_text())["bindings"] == {"1234": "d"}
+    assert json.loads(path.read_text())["bindings"] == {
+        "1234": {"tenant": "d", "start": 55, "boot_id": "boot-1"}}
     assert os.listdir(tmp_path) == ["state.json"]
 
 
@@ -159,8 +176,9 @@ def test_missing_file_is_empty_state(tmp_path: Path) -> None:
         ("{", "not JSON"),
         ("", "not JSON"),
         ("[]", "corrupt"),
-        ('{"version": 2}', "version"),
-        ('{"bindings": {"x": "a"}}', "bindings"),
+        ('{"version": 3}', "version"),
+        ('{"bindings": {"x": {"tenant": "a", "start": 1, "boot_id": "b"}}}', "bindings"),
+        ('{"bindings": {"1": {"tenant": "a", "start": -1, "boot_id": "b"}}}', "bindings"),
         ('{"created": [{"name": "A"}]}', "created[0].name"),
         ('{"surprise": 1}', "surprise"),
         ('{"created": [{"name": "a"}], "deleted": ["a"]}', "corrupt"),
@@ -184,7 +202,7 @@ def test_crash_during_write_keeps_old_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str
 ) -> None:
     path = tmp_path / "state.json"
-    old = RuntimeState().bind(CONFIG, 1, "a")
+    old = RuntimeState().bind(CONFIG, 1, pb("a"))
     save_state(old, path)
     old_bytes = path.read_bytes()
 
@@ -219,3 +237,13 @@ def test_first_write_creates_file(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     save_state(RuntimeState(), path)
     assert load_state(path) == RuntimeState()
+
+
+def test_version_1_bindings_are_dropped_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A bare pid could be inherited by any later process: not trusted."""
+    path = tmp_path / "state.json"
+    path.write_text('{"version": 1, "bindings": {"42": "a"}}')
+    assert load_state(path).bindings == {}
+    assert "binding of pid 42 to a has no process start time" in caplog.text

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from vgpud.core.tenants import (
     U64_MAX,
+    Binding,
     MatchRule,
     MemoryLimit,
     Opener,
@@ -18,6 +19,7 @@ from vgpud.core.tenants import (
     Tenant,
     UvmPolicy,
     resolve,
+    start_ticks,
     validate_name,
 )
 
@@ -231,8 +233,10 @@ def test_frozen_and_replace_validates() -> None:
 # --- resolution ---
 
 
-def opener(tgid: int = 100, uid: int = 1000, cgroup: str = "/user.slice/app") -> Opener:
-    return Opener(pid=tgid + 1, tgid=tgid, uid=uid, gid=uid, cgroup_id=7, cgroup_path=cgroup)
+def opener(tgid: int = 100, uid: int = 1000, cgroup: str = "/user.slice/app",
+           start: int | None = 5) -> Opener:
+    return Opener(pid=tgid + 1, tgid=tgid, uid=uid, gid=uid, cgroup_id=7, cgroup_path=cgroup,
+                  start=start)
 
 
 TENANTS = (
@@ -264,19 +268,32 @@ def test_cgroup_glob_is_case_sensitive() -> None:
     assert resolve(opener(cgroup="/USER.SLICE/x"), TENANTS, {}, None) is None
 
 
-def test_explicit_pid_beats_rules() -> None:
-    # tgid 555 with the cgroup of "users" is bound to bob by config pids
-    assert resolve(opener(tgid=555), TENANTS, {}, None) == "bob"
+def test_binding_beats_rules() -> None:
+    # tgid 555 with the cgroup of "users", bound to pods
+    assert resolve(opener(tgid=555), TENANTS, {555: Binding("pods", 5)}, None) == "pods"
+    assert resolve(opener(tgid=100), TENANTS, {100: Binding("both", 5)}, "users") == "both"
 
 
-def test_runtime_binding_beats_config_pids_and_rules() -> None:
-    assert resolve(opener(tgid=555), TENANTS, {555: "pods"}, None) == "pods"
-    assert resolve(opener(tgid=100), TENANTS, {100: "both"}, "users") == "both"
+def test_binding_names_one_process_not_a_pid() -> None:
+    """Item 15 of issue 10: a later process given the same pid (after an exit,
+    or in the next boot) is not bound; nor an opener whose start is unknown."""
+    bound = {555: Binding("pods", 5)}
+    # not the bound process: the rules decide (users matches its cgroup)
+    assert resolve(opener(tgid=555, start=6), TENANTS, bound, None) == "users"
+    assert resolve(opener(tgid=555, start=None), TENANTS, bound, None) == "users"
+    assert resolve(opener(tgid=555, start=5), TENANTS, bound, None) == "pods"
 
 
 def test_binding_is_by_tgid_not_thread_pid() -> None:
-    o = Opener(pid=555, tgid=100, uid=0, gid=0, cgroup_id=1, cgroup_path="/")
-    assert resolve(o, TENANTS, {555: "pods"}, None) is None
+    o = Opener(pid=555, tgid=100, uid=0, gid=0, cgroup_id=1, cgroup_path="/", start=5)
+    assert resolve(o, TENANTS, {555: Binding("pods", 5)}, None) is None
+
+
+def test_start_ticks_is_the_kernels_conversion() -> None:
+    assert start_ticks(0) == 0
+    assert start_ticks(9_999_999) == 0
+    assert start_ticks(10_000_000) == 1
+    assert start_ticks(123_456_789_012) == 12_345
 
 
 def test_default_then_refuse() -> None:

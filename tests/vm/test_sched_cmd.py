@@ -29,13 +29,14 @@ from tests.support import nvclient as nv
 from tests.support.guest import ROOT
 from tests.support.sched import aio, group_enabled, list_contexts, schedule, traced
 from tests.support.vgpu_genl import Genl, NlError
+from vgpud.host.processes import start_ticks
 from vgpud.kernel.channel import GenlChannel, RequestFailed
 from vgpud.kernel.uapi import Context, Node, Sched, SchedResult
 
 pytestmark = pytest.mark.vm
 
 CMD_LIST_CONTEXTS, CMD_SCHEDULE = 8, 9
-A_CURSOR, A_CONTEXTS, A_SCHED, A_SCHED_RESULT = 11, 12, 13, 14
+A_CURSOR, A_CONTEXTS, A_SCHED, A_SCHED_RESULT, A_OPENERS = 11, 12, 13, 14, 21
 CONTEXT = struct.Struct("=QQ6I")
 SCHED = struct.Struct("=QIIII")
 LIST_MAX, SCHED_MAX = 1024, 256
@@ -174,6 +175,7 @@ def test_list_drops_closed_and_pages(vgpu: Path) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), max(hard, 4096)))
     fds = [os.open(vgpu / "nvidiactl", os.O_RDWR) for _ in range(LIST_MAX + 200)]
+    my_start = start_ticks(os.getpid())
     g = Genl()
     try:
         all_ids = [c.ctx_id for c in aio(list_contexts())]
@@ -190,6 +192,11 @@ def test_list_drops_closed_and_pages(vgpu: Path) -> None:
             (reply,) = replies
             raw = reply[A_CONTEXTS]
             ids = [f[0] for f in CONTEXT.iter_unpack(raw)]
+            # One opener per context, in order: here all are this process,
+            # whose start time /proc shows in clock ticks (10 ms).
+            starts = {s // 10_000_000 for s, _ in struct.iter_unpack("=QQ", reply[A_OPENERS])}
+            assert len(reply[A_OPENERS]) == 16 * len(ids)
+            assert starts <= {my_start}
             return ids, struct.unpack("=Q", reply[A_CURSOR])[0]
 
         # The whole list fits in one page now; 1024 + 200 did not.

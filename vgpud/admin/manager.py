@@ -13,7 +13,8 @@ can count them) and tells it when usage moved or an allocation was denied.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +23,10 @@ from pydantic import ValidationError
 
 from vgpud.core.ledger import Denied, Freed, Ledger, UnknownTenant, Usage
 from vgpud.core.observers import Topic
-from vgpud.core.tenants import Tenant, validate_name
+from vgpud.core.tenants import Binding, Tenant, validate_name
+from vgpud.host import processes
 from vgpud.store.config import Config, ConfigError, describe, load_config
-from vgpud.store.state import CHANGEABLE, RuntimeState, save_state
+from vgpud.store.state import CHANGEABLE, PidBinding, RuntimeState, save_state
 
 __all__ = [
     "AdminError",
@@ -49,6 +51,8 @@ UPDATE_FIELDS = CHANGEABLE
 USAGE = "usage"
 CONTEXTS = "contexts"
 BINDINGS = "bindings"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -117,10 +121,15 @@ class Manager:
         state: RuntimeState,
         ledger: Ledger,
         gpus: Iterable[tuple[int, str, int]],
+        *,
+        process_start: Callable[[int], int | None] = processes.start_ticks,
+        boot_id: str | None = None,
     ) -> None:
         """`config` and `state` as loaded at startup; `gpus` the inventory:
         (index, name, total bytes). The state file stays where the startup
-        config put it (state_path changes need a restart)."""
+        config put it (state_path changes need a restart). `process_start`
+        gives a pid's start time (None: no such process), so that a binding
+        names one process; `boot_id` is this boot's (host.processes)."""
         self.config_path = Path(config_path)
         self.state_path = config.daemon.state_path
         self.gpus = tuple(sorted(Gpu(*gpu) for gpu in gpus))
@@ -129,6 +138,9 @@ class Manager:
         self._config = config
         self._state = state
         self._tenants = state.tenants(config.tenants)
+        self._process_start = process_start
+        self._boot_id = processes.boot_id() if boot_id is None else boot_id
+        self._config_bindings = self._bind_config(config)
         self._sync_ledger(())
 
     # --- reading ---
@@ -143,9 +155,12 @@ class Manager:
         return self._tenants
 
     @property
-    def bindings(self) -> dict[int, str]:
-        """Runtime pid bindings (they take precedence over tenants' pids)."""
-        return self._state.effective_bindings(self._config.tenants)
+    def bindings(self) -> dict[int, Binding]:
+        """Bound processes: config pids running when the config was loaded,
+        then runtime bindings (which take precedence), to tenants that exist."""
+        names = {t.name for t in self._tenants}
+        config = {p: b for p, b in self._config_bindings.items() if b.tenant in names}
+        return {**config, **self._state.effective_bindings(self._config.tenants, self._boot_id)}
 
     @property
     def default_tenant(self) -> str | None:
@@ -176,7 +191,7 @@ class Manager:
     def pids(self, name: str) -> tuple[int, ...]:
         """Process ids bound to the tenant: its config pids and runtime bindings."""
         tenant = self.tenant(name)
-        bound = (pid for pid, owner in self.bindings.items() if owner == name)
+        bound = (pid for pid, b in self.bindings.items() if b.tenant == name)
         return tuple(sorted({*tenant.pids, *bound}))
 
     # --- admin changes ---
@@ -219,11 +234,19 @@ class Manager:
         self._commit(self._state.change(self._config.tenants, name, **changes))
 
     def bind(self, pid: int, name: str) -> None:
-        """Processes opening nodes from now on with tgid `pid` belong to `name`."""
+        """Process `pid` (this process, not a later one given the same pid)
+        belongs to `name` for the nodes it opens from now on. Bindings of
+        processes that are gone are dropped on the way."""
         self.tenant(name)
         if pid < 1:
             raise InvalidArgument(f"invalid pid {pid}")
-        self._commit(self._state.bind(self._config.tenants, pid, name))
+        start = self._process_start(pid)
+        if start is None:
+            raise InvalidArgument(f"no process {pid}")
+        gone = {p for p, b in self._state.bindings.items()
+                if b.boot_id != self._boot_id or self._process_start(p) != b.start}
+        binding = PidBinding(tenant=name, start=start, boot_id=self._boot_id)
+        self._commit(self._state.without_bindings(gone).bind(self._config.tenants, pid, binding))
 
     def unbind(self, pid: int) -> None:
         if pid not in self._state.bindings:
@@ -276,6 +299,8 @@ class Manager:
             except OSError as e:
                 raise AdminError(f"cannot save {self.state_path}: {e}") from e
         old_bindings, old_settings = self.bindings, self._config.daemon
+        if config is not self._config:
+            self._config_bindings = self._bind_config(config)
         self._config, self._state, self._tenants = config, state, tenants
         self._sync_ledger(old.keys() - new.keys())
         added = tuple(n for n in new if n not in old)
@@ -285,7 +310,8 @@ class Manager:
         bindings = self.bindings
         moved = {p for p in old_bindings.keys() | bindings.keys()
                  if old_bindings.get(p) != bindings.get(p)}
-        rebound = {old_bindings.get(p) for p in moved} | {bindings.get(p) for p in moved}
+        rebound = {b.tenant for p in moved for b in (old_bindings.get(p), bindings.get(p))
+                   if b is not None}
         for name in (n for n in new if n in old):
             fields = _diff(old[name], new[name])
             if name in rebound:
@@ -293,6 +319,19 @@ class Manager:
             self._notify(name, fields)
         if config.daemon != old_settings:
             self.observers.notify(SettingsChanged())
+
+    def _bind_config(self, config: Config) -> dict[int, Binding]:
+        """The config's pids, bound to the processes running now."""
+        out: dict[int, Binding] = {}
+        for tenant in config.tenants:
+            for pid in tenant.pids:
+                start = self._process_start(pid)
+                if start is None:
+                    log.warning("config: pid %d of tenant %s is not running: not bound",
+                                pid, tenant.name)
+                else:
+                    out[pid] = Binding(tenant.name, start)
+        return out
 
     def _check_idle(self, name: str) -> None:
         contexts = self.contexts(name)

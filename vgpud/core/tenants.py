@@ -192,8 +192,9 @@ class MatchRule(BaseModel):
 class Tenant(BaseModel):
     """A tenant: who belongs to it, and what it may use on each GPU.
 
-    `memory` applies per GPU; None means the whole device. `pids` are explicit
-    bindings by process id (tgid). `cap` (percent of GPU time), `weight` and
+    `memory` applies per GPU; None means the whole device. `pids` bind the
+    processes (tgids) running when the config is loaded; a pid reused later
+    is not bound (Binding). `cap` (percent of GPU time), `weight` and
     `priority` are for the TDMA scheduler.
     """
 
@@ -233,9 +234,24 @@ class Tenant(BaseModel):
         return Tenant.model_validate({**self.model_dump(), **changes})
 
 
+# USER_HZ: the unit of /proc/PID/stat's starttime (100 on every architecture
+# Debian ships but alpha).
+CLOCK_TICKS_PER_SEC = 100
+
+
+def start_ticks(start_boottime_ns: int) -> int:
+    """A process start time from the kernel (ns since boot) in /proc's unit,
+    as the kernel converts it (nsec_to_clock_t)."""
+    return start_boottime_ns // (10**9 // CLOCK_TICKS_PER_SEC)
+
+
 @dataclass(frozen=True, slots=True)
 class Opener:
-    """What the kernel module reports about a process opening an emulated node."""
+    """What the kernel module reports about a process opening an emulated node.
+
+    `start`: the process's start time (clock ticks since boot), when known;
+    without it no pid binding applies.
+    """
 
     pid: int
     tgid: int
@@ -243,26 +259,38 @@ class Opener:
     gid: int
     cgroup_id: int
     cgroup_path: str
+    start: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """A process bound to a tenant: its pid names it only while `start` (clock
+    ticks since boot, /proc/PID/stat starttime) is the same, so a later
+    process that reuses the pid, in this boot or the next, is not bound."""
+
+    tenant: str
+    start: int
+
+    def holds(self, opener: Opener) -> bool:
+        return opener.start is not None and opener.start == self.start
 
 
 def resolve(
     opener: Opener,
     tenants: Sequence[Tenant],
-    bindings: Mapping[int, str],
+    bindings: Mapping[int, Binding],
     default: str | None,
 ) -> str | None:
     """The tenant an opener belongs to, or None: refuse the open (EACCES).
 
-    Precedence: an explicit binding of the opener's tgid (runtime `bindings`
-    first, then tenants' `pids`), then the first matching rule in tenant order,
-    then `default`. Inputs are trusted to be consistent (bindings and default
-    name tenants that exist); config and state loading ensure it.
+    Precedence: a binding of the opener's process (its tgid, with the same
+    start time), then the first matching rule in tenant order, then
+    `default`. Inputs are trusted to be consistent (bindings and default name
+    tenants that exist); the manager ensures it.
     """
-    if (name := bindings.get(opener.tgid)) is not None:
-        return name
-    for tenant in tenants:
-        if opener.tgid in tenant.pids:
-            return tenant.name
+    binding = bindings.get(opener.tgid)
+    if binding is not None and binding.holds(opener):
+        return binding.tenant
     for tenant in tenants:
         if any(rule.matches(opener) for rule in tenant.match):
             return tenant.name

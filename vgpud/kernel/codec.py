@@ -89,6 +89,7 @@ class Opener(NamedTuple):
     gid: int
     cgroup_id: int
     cgroup: str | None  # cgroup v2 path; only OPEN upcalls carry it
+    start_ns: int | None  # the process's start (boot clock, ns); only OPEN upcalls
 
 
 class Upcall(NamedTuple):
@@ -179,14 +180,14 @@ _ANY_ATTR = frozenset(range(1, _ATTR_MAX + 1))
 # The attributes each upcall kind may carry, as bit masks (1 << attribute type).
 _UPCALL_ATTR_BITS = {
     int(kind): sum(1 << attr for attr in attrs) for kind, attrs in {
-        UpcallKind.OPEN: (Attr.UPCALL, Attr.CGROUP),
+        UpcallKind.OPEN: (Attr.UPCALL, Attr.CGROUP, Attr.OPENER),
         UpcallKind.IOCTL: (Attr.UPCALL, Attr.PARAMS, Attr.DATA),
         UpcallKind.POST: (Attr.UPCALL, Attr.PARAMS, Attr.DATA),
         UpcallKind.MMAP: (Attr.UPCALL, Attr.PARAMS),
     }.items()
 }
-_A_UPCALL, _A_PARAMS, _A_DATA, _A_CGROUP = (
-    int(a) for a in (Attr.UPCALL, Attr.PARAMS, Attr.DATA, Attr.CGROUP))
+_A_UPCALL, _A_PARAMS, _A_DATA, _A_CGROUP, _A_OPENER = (
+    int(a) for a in (Attr.UPCALL, Attr.PARAMS, Attr.DATA, Attr.CGROUP, Attr.OPENER))
 _CMD_UPCALL, _CMD_EVENT = int(Cmd.UPCALL), int(Cmd.EVENT)
 _NLA_UNPACK = NLA_HDR.unpack_from
 _NLMSG_UNPACK = NLMSG_HDR.unpack_from
@@ -243,7 +244,7 @@ def _cgroup(raw: bytes) -> str:
 
 def _decode_upcall(buf: bytes, off: int, end: int) -> Upcall:
     """One walk over the attributes into locals: no dict, no slice of the header."""
-    head = params = data = cgroup = None
+    head = params = data = cgroup = start_ns = None
     seen = 0
     pos = off
     if end - off >= _UPCALL_ATTR_LEN and _NLA_UNPACK(buf, off) == _UPCALL_NLA:  # the module's order
@@ -268,6 +269,11 @@ def _decode_upcall(buf: bytes, off: int, end: int) -> Upcall:
                 data = buf[pos + 4 : pos + nla_len]
             elif nla_type == _A_CGROUP:
                 cgroup = buf[pos + 4 : pos + nla_len]
+            elif nla_type == _A_OPENER:
+                if nla_len - 4 != uapi.OPENER.size:
+                    raise DecodeError(f"VGPU_A_OPENER is {nla_len - 4} bytes, "
+                                      f"expected {uapi.OPENER.size}")
+                start_ns = uapi.Opener.unpack(buf[pos + 4 : pos + nla_len]).start_boottime_ns
             pos += (nla_len + 3) & ~3
         if head is None:
             raise DecodeError("upcall without VGPU_A_UPCALL")
@@ -288,7 +294,7 @@ def _decode_upcall(buf: bytes, off: int, end: int) -> Upcall:
             f"unexpected attributes {[a for a in range(_ATTR_MAX + 1) if extra >> a & 1]}",
             upcall_id=uid_)
     opener = _new(Opener, (pid, tgid, uid, gid, cgroup_id,
-                           None if cgroup is None else _cgroup(cgroup)))
+                           None if cgroup is None else _cgroup(cgroup), start_ns))
     return _new(Upcall, (uid_, ctx_id, kind_e, node_e, minor, cmd, nr, flags, opener,
                          caller_pid, caller_tgid, params or b"", data, ret))
 
@@ -318,7 +324,7 @@ def _decode_call_upcall(buf: bytes, size: int) -> Upcall | None:
         if d_type != _A_DATA or d_len < 4 or (d_pos + d_len + 3) & ~3 != size:
             return None
         data = buf[d_pos + 4 : d_pos + d_len]
-    opener = _new(Opener, (pid, tgid, uid, gid, cgroup_id, None))
+    opener = _new(Opener, (pid, tgid, uid, gid, cgroup_id, None, None))
     return _new(Upcall, (upcall_id, ctx_id, _KIND_LIST[kind], _NODE_LIST[node], minor, cmd, nr,
                          flags, opener, caller_pid, caller_tgid, buf[_CALL_HEAD_SIZE:p_end],
                          data, ret))

@@ -142,7 +142,7 @@ class _Run:
         self.r = replay
         self.name = trace.name
         pid = trace.header.pid
-        self.opener = Opener(pid, pid, 0, 0, 0, None)
+        self.opener = Opener(pid, pid, 0, 0, 0, None, None)
         self.pid = pid
         self.model = HeldMemory()
         self.ctx_of: dict[int, int] = {}  # fd -> ctx

@@ -33,7 +33,7 @@ from vgpud.core.ledger import (
     Reservation,
     Usage,
 )
-from vgpud.core.tenants import Opener, Tenant, UvmPolicy, resolve
+from vgpud.core.tenants import Opener, Tenant, UvmPolicy, resolve, start_ticks
 from vgpud.kernel.codec import CloseEvent, Event, PostEvent, Upcall
 from vgpud.kernel.uapi import (
     ALLOW,
@@ -309,7 +309,8 @@ class QuotaPolicy:
 
     def _open(self, upcall: Upcall) -> Verdict:
         o = upcall.opener
-        name = self._resolve(o.pid, o.tgid, o.uid, o.gid, o.cgroup_id, o.cgroup or "")
+        start = None if o.start_ns is None else start_ticks(o.start_ns)
+        name = self._resolve(o.pid, o.tgid, o.uid, o.gid, o.cgroup_id, o.cgroup or "", start)
         if name is None:
             log.info("open refused: pid %d uid %d cgroup %s matches no tenant",
                      o.tgid, o.uid, o.cgroup)
@@ -341,9 +342,12 @@ class QuotaPolicy:
         return name
 
     def _resolve(self, pid: int, tgid: int, uid: int, gid: int, cgroup_id: int,
-                 path: str) -> str | None:
+                 path: str, start: int | None = None) -> str | None:
+        """`start` (ticks): None for a context opened before this daemon,
+        which no pid binding can then claim."""
         m = self.manager
-        return resolve(Opener(pid, tgid, uid, gid, cgroup_id, path), m.tenants, m.bindings,
+        return resolve(Opener(pid, tgid, uid, gid, cgroup_id, path, start), m.tenants,
+                       m.bindings,
                        m.default_tenant)
 
     def _start_context(self, ctx: int, name: str) -> None:

@@ -10,8 +10,11 @@ Merge rule (state over config, by tenant name):
 - a runtime change to a config tenant (memory, weight, cap, priority) overrides
   only the fields it changed; later edits of other fields in the config apply;
 - a config tenant deleted at runtime stays deleted until created again;
-- pid bindings name tenants; a binding to a tenant that no longer exists is
-  ignored. Runtime bindings take precedence over config `pids`.
+- pid bindings name tenants and the bound process (its start time and the
+  boot it ran in): a binding from another boot, or to a tenant that no
+  longer exists, is ignored. Runtime bindings take precedence over config
+  `pids`. Bindings written by version 1 had no start time; they are dropped
+  on load (a warning says so) and must be made again.
 Entries that name tenants no longer in the config are ignored, not errors.
 
 Writes are atomic: a crash at any point leaves either the old or the new file.
@@ -20,6 +23,7 @@ Writes are atomic: a crash at any point leaves either the old or the new file.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Sequence
@@ -27,9 +31,16 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from vgpud.core.tenants import Tenant, TenantName
+from vgpud.core.tenants import Binding, Tenant, TenantName
 from vgpud.store.config import DEFAULT_STATE_PATH, describe
 
 CHANGEABLE = frozenset({"memory", "weight", "cap", "priority"})
@@ -55,6 +66,17 @@ def _check_change(fields: dict[str, Any]) -> dict[str, Any]:
 
 
 _Pid = Annotated[int, Field(ge=1)]
+log = logging.getLogger(__name__)
+
+
+class PidBinding(BaseModel):
+    """A runtime binding: the tenant, and the process as this boot knows it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tenant: TenantName
+    start: Annotated[int, Field(strict=True, ge=0)]  # /proc/PID/stat starttime
+    boot_id: Annotated[str, Field(min_length=1)]
 
 
 class RuntimeState(BaseModel):
@@ -62,11 +84,24 @@ class RuntimeState(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    version: Literal[1] = 1
+    version: Literal[1, 2] = 2
     created: tuple[Tenant, ...] = ()
     changed: dict[TenantName, dict[str, Any]] = {}
     deleted: tuple[TenantName, ...] = ()
-    bindings: dict[_Pid, TenantName] = {}
+    bindings: dict[_Pid, PidBinding] = {}
+
+    @field_validator("bindings", mode="before")
+    @classmethod
+    def _drop_unanchored(cls, value: Any) -> Any:
+        """Version 1 bound a bare pid, which any later process could inherit."""
+        if not isinstance(value, dict):
+            return value
+        old = {pid: v for pid, v in value.items() if isinstance(v, str)}
+        for pid, name in old.items():
+            log.warning("state: binding of pid %s to %s has no process start time "
+                        "(an older vgpud wrote it): dropped, bind the process again",
+                        pid, name)
+        return {pid: v for pid, v in value.items() if pid not in old}
 
     @model_validator(mode="after")
     def _consistent(self) -> RuntimeState:
@@ -95,10 +130,11 @@ class RuntimeState(BaseModel):
         out.extend(created.values())
         return tuple(out)
 
-    def effective_bindings(self, config: Sequence[Tenant]) -> dict[int, str]:
-        """Runtime pid bindings to tenants that exist."""
+    def effective_bindings(self, config: Sequence[Tenant], boot_id: str) -> dict[int, Binding]:
+        """Runtime bindings made in this boot, to tenants that exist."""
         names = {t.name for t in self.tenants(config)}
-        return {pid: name for pid, name in self.bindings.items() if name in names}
+        return {pid: Binding(b.tenant, b.start) for pid, b in self.bindings.items()
+                if b.tenant in names and b.boot_id == boot_id}
 
     # --- changes ---
 
@@ -118,7 +154,7 @@ class RuntimeState(BaseModel):
             created=tuple(t for t in self.created if t.name != name),
             changed={n: f for n, f in self.changed.items() if n != name},
             deleted=(*self.deleted, name) if in_config else self.deleted,
-            bindings={p: n for p, n in self.bindings.items() if n != name},
+            bindings={p: b for p, b in self.bindings.items() if b.tenant != name},
         )
 
     def change(self, config: Sequence[Tenant], name: str, /, **fields: Any) -> RuntimeState:
@@ -136,11 +172,17 @@ class RuntimeState(BaseModel):
         merged = {**self.changed.get(name, {}), **dumped}
         return self._with(changed={**self.changed, name: merged})
 
-    def bind(self, config: Sequence[Tenant], pid: int, name: str) -> RuntimeState:
-        self._existing(config, name)
+    def bind(self, config: Sequence[Tenant], pid: int, binding: PidBinding) -> RuntimeState:
+        self._existing(config, binding.tenant)
         if pid < 1:
             raise ChangeError(f"invalid pid {pid}")
-        return self._with(bindings={**self.bindings, pid: name})
+        return self._with(bindings={**self.bindings, pid: binding})
+
+    def without_bindings(self, pids: set[int]) -> RuntimeState:
+        """The state less the bindings of `pids` (processes that are gone)."""
+        if not pids & self.bindings.keys():
+            return self
+        return self._with(bindings={p: b for p, b in self.bindings.items() if p not in pids})
 
     def unbind(self, pid: int) -> RuntimeState:
         if pid not in self.bindings:
