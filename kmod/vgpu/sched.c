@@ -17,6 +17,14 @@
  * them back on does not leave their owners stalled: the next daemon to
  * register gets them turned on again, in its own process, before it
  * decides anything (vgpu_sched_restore).
+ *
+ * A group freed while off (by RM_FREE of itself, its device or its client)
+ * leaves its record behind: the module does not see the object tree. So
+ * the table is bounded (sched_off_max) and swept when full: each record's
+ * "off" is issued again in the daemon's process, and the records whose
+ * group or context is gone are dropped (vgpu_sched_sweep). What stays is
+ * at most the groups that exist and are off, so a tenant that allocates
+ * and frees groups cannot fill the table for the others.
  */
 #include <linux/build_bug.h>
 #include <linux/file.h>
@@ -26,6 +34,7 @@
 #include <linux/list.h>
 #include <linux/mm.h>
 #include <linux/mman.h>
+#include <linux/moduleparam.h>
 #include <linux/mutex.h>
 #include <linux/slab.h>
 #include <linux/sched.h>
@@ -36,6 +45,7 @@
 #include <linux/uaccess.h>
 
 #include <nvidia/nv_rm.h>
+#include <nvidia/nv_status.h>
 
 #include "vgpu.h"
 #include "trace.h"
@@ -46,8 +56,13 @@ struct vgpu_sched_block {
 	struct nva06c_gpfifo_schedule_params params;
 };
 
-/* Most groups remembered as off; an "off" entry past it gets -ENOSPC. */
-#define VGPU_SCHED_OFF_MAX	65536
+/*
+ * Most groups remembered as off; past it the table is swept, and an "off"
+ * entry that still finds no room gets -ENOSPC. Read when an entry is added.
+ */
+static unsigned int vgpu_sched_off_max = 65536;
+module_param_named(sched_off_max, vgpu_sched_off_max, uint, 0644);
+MODULE_PARM_DESC(sched_off_max, "Most channel groups remembered as turned off (default 65536)");
 
 /**
  * struct vgpu_sched_off - a channel group this module turned off
@@ -67,6 +82,31 @@ struct vgpu_sched_off {
 static DEFINE_MUTEX(vgpu_sched_off_lock);
 static DEFINE_HASHTABLE(vgpu_sched_offs, 10);
 static u32 vgpu_sched_n_off;
+
+/*
+ * vgpu_sched_lock serializes the daemon's changes of groups' state: whole
+ * SCHEDULE messages, the restore at registration and the sweep. So a sweep
+ * never issues an "off" between an "on" of the same group and the drop of
+ * its record. Taken before vgpu_sched_off_lock.
+ */
+static DEFINE_MUTEX(vgpu_sched_lock);
+
+static int vgpu_sched_n_off_get(char *buf, const struct kernel_param *kp)
+{
+	u32 n;
+
+	mutex_lock(&vgpu_sched_off_lock);
+	n = vgpu_sched_n_off;
+	mutex_unlock(&vgpu_sched_off_lock);
+	return sysfs_emit(buf, "%u\n", n);
+}
+
+static const struct kernel_param_ops vgpu_sched_n_off_ops = {
+	.get = vgpu_sched_n_off_get,
+};
+
+module_param_cb(sched_offs, &vgpu_sched_n_off_ops, NULL, 0444);
+MODULE_PARM_DESC(sched_offs, "channel groups remembered as turned off now (read-only)");
 
 #define VGPU_RM_CONTROL	_IOC(_IOC_READ | _IOC_WRITE, NV_IOCTL_MAGIC, \
 			     NV_ESC_RM_CONTROL, sizeof(struct nvos54))
@@ -182,7 +222,7 @@ static int vgpu_sched_off_add(const struct vgpu_sched *s)
 	mutex_lock(&vgpu_sched_off_lock);
 	if (vgpu_sched_off_find(s)) {
 		ret = 0;
-	} else if (vgpu_sched_n_off >= VGPU_SCHED_OFF_MAX) {
+	} else if (vgpu_sched_n_off >= READ_ONCE(vgpu_sched_off_max)) {
 		ret = -ENOSPC;
 	} else {
 		hash_add(vgpu_sched_offs, &rec->node, vgpu_sched_key(s));
@@ -208,11 +248,61 @@ static void vgpu_sched_off_del(const struct vgpu_sched *s)
 	kfree(o);
 }
 
+/* Is @r the driver's answer for a group, or a client, that no longer exists? */
+static bool vgpu_sched_gone(const struct vgpu_sched_result *r)
+{
+	return r->error == -ENOENT ||
+	       (!r->error && (r->status == NV_ERR_INVALID_OBJECT_HANDLE ||
+			      r->status == NV_ERR_INVALID_CLIENT));
+}
+
+/*
+ * Sweep the table: issue every record's "off" again (idempotent: a
+ * recorded group is off) and drop the records of groups or contexts that
+ * are gone. Runs in the daemon's process, under vgpu_sched_lock. Return:
+ * how many records were dropped.
+ */
+static u32 vgpu_sched_sweep(unsigned long ubuf)
+{
+	struct vgpu_sched_result r;
+	struct vgpu_sched_off *o;
+	struct vgpu_sched *keys;
+	u32 n = 0, i, dropped = 0;
+	unsigned int bkt;
+
+	lockdep_assert_held(&vgpu_sched_lock);
+	mutex_lock(&vgpu_sched_off_lock);
+	keys = kvmalloc_array(max(vgpu_sched_n_off, 1U), sizeof(*keys),
+			      GFP_KERNEL);
+	if (keys) {
+		hash_for_each(vgpu_sched_offs, bkt, o, node)
+			keys[n++] = (struct vgpu_sched) {
+				.ctx_id = o->ctx_id,
+				.h_client = o->h_client,
+				.h_object = o->h_object,
+				.enable = VGPU_SCHED_OFF,
+			};
+	}
+	mutex_unlock(&vgpu_sched_off_lock);
+	if (!keys)
+		return 0;
+	for (i = 0; i < n && !fatal_signal_pending(current); i++) {
+		r = (struct vgpu_sched_result) {};
+		vgpu_sched_entry(&keys[i], ubuf, &r);
+		if (vgpu_sched_gone(&r)) {
+			vgpu_sched_off_del(&keys[i]);
+			dropped++;
+		}
+	}
+	kvfree(keys);
+	return dropped;
+}
+
 /*
  * Apply one entry and keep the record of the groups turned off: an "on" or
  * an owner's "off" that succeeds drops the record, an "off" recorded here
  * that fails too. Records are found again by key: a close or a
- * registration may drop them in between.
+ * registration may drop them in between. A full table is swept once.
  */
 static void vgpu_sched_apply(const struct vgpu_sched *s, unsigned long ubuf,
 			     struct vgpu_sched_result *r)
@@ -222,6 +312,8 @@ static void vgpu_sched_apply(const struct vgpu_sched *s, unsigned long ubuf,
 
 	if (s->enable == VGPU_SCHED_OFF) {
 		added = vgpu_sched_off_add(s);
+		if (added == -ENOSPC && vgpu_sched_sweep(ubuf))
+			added = vgpu_sched_off_add(s);
 		if (added < 0) {
 			r->error = added;
 			return;
@@ -274,6 +366,7 @@ int vgpu_schedule(const struct vgpu_sched *in, u32 n,
 	if (IS_ERR_VALUE(ubuf))
 		return (int)ubuf;
 
+	mutex_lock(&vgpu_sched_lock);
 	for (i = 0; i < n; i++) {
 		out[i] = (struct vgpu_sched_result) {};
 		t0 = trace_vgpu_schedule_enabled() ? ktime_get_ns() : 0;
@@ -284,6 +377,7 @@ int vgpu_schedule(const struct vgpu_sched *in, u32 n,
 					    out[i].error, out[i].status,
 					    t0 ? ktime_get_ns() - t0 : 0);
 	}
+	mutex_unlock(&vgpu_sched_lock);
 
 	vm_munmap(ubuf, PAGE_SIZE);
 	return 0;
@@ -307,8 +401,10 @@ bool vgpu_sched_alloc_layout(u32 nr, u32 size)
  * off before the caller has its handle: it cannot have had work to run. A
  * call that made anything but a channel group is left alone. The group is
  * remembered as off like a SCHEDULE entry; one that could not be turned
- * off shows in the vgpu_schedule tracepoint, and the daemon, which learns
- * of it from the POST that follows, turns it off in its turn.
+ * off (a full table included: sweeping it issues controls for other
+ * tenants' groups, which must not run in a tenant's process) shows in the
+ * vgpu_schedule tracepoint, and the daemon, which learns of it from the
+ * POST that follows, turns it off in its turn.
  */
 void vgpu_sched_new_group(struct vgpu_ctx *ctx, const void *params, u32 size)
 {
@@ -375,6 +471,7 @@ u32 vgpu_sched_restore(void)
 	u32 restored = 0;
 	unsigned int bkt;
 
+	mutex_lock(&vgpu_sched_lock);
 	mutex_lock(&vgpu_sched_off_lock);
 	hash_for_each_safe(vgpu_sched_offs, bkt, tmp, o, node) {
 		hash_del(&o->node);
@@ -382,8 +479,10 @@ u32 vgpu_sched_restore(void)
 	}
 	vgpu_sched_n_off = 0;
 	mutex_unlock(&vgpu_sched_off_lock);
-	if (hlist_empty(&offs))
+	if (hlist_empty(&offs)) {
+		mutex_unlock(&vgpu_sched_lock);
 		return 0;
+	}
 
 	ubuf = current->mm ? vm_mmap(NULL, 0, PAGE_SIZE, PROT_READ | PROT_WRITE,
 				     MAP_PRIVATE | MAP_ANONYMOUS, 0) : -ENOMEM;
@@ -400,6 +499,7 @@ u32 vgpu_sched_restore(void)
 		hlist_del(&o->node);
 		kfree(o);
 	}
+	mutex_unlock(&vgpu_sched_lock);
 	if (IS_ERR_VALUE(ubuf))
 		pr_warn("vgpu: could not map a page to turn channel groups back on\n");
 	else
