@@ -257,6 +257,25 @@ static void vgpu_req_init(struct vgpu_req *req, struct vgpu_upcall_msg *msg)
 	msg->replied = 0;
 }
 
+/*
+ * The waiter gave up on an upcall the daemon has (it owns @req: no verdict
+ * will be taken). Tell the daemon, so that whatever it reserved for the
+ * upcall goes back and an OPEN's context is forgotten.
+ */
+static void vgpu_upcall_abandon(const struct vgpu_upcall_msg *msg,
+				const struct vgpu_req *req, int err)
+{
+	struct vgpu_event ev = {
+		.ctx_id = msg->hdr.ctx_id,
+		.upcall_id = req->id,
+		.kind = VGPU_EVENT_ABANDONED,
+		.nr = req->kind,
+		.ret = err,
+	};
+
+	vgpu_event(&ev, NULL, 0, NULL, 0);
+}
+
 /* The upcall could not be sent: no daemon, its socket is gone, no memory. */
 static int vgpu_upcall_lost(const struct vgpu_req *req)
 {
@@ -326,9 +345,11 @@ int vgpu_upcall(struct vgpu_upcall_msg *msg, struct vgpu_verdict *v)
 	if (left < 0) {
 		vgpu_count(killed);
 		trace_vgpu_upcall_verdict(req.id, 0, -EINTR);
+		vgpu_upcall_abandon(msg, &req, -EINTR);
 		return -EINTR;
 	}
 	vgpu_count(timeouts);
+	vgpu_upcall_abandon(msg, &req, -ETIMEDOUT);
 	return vgpu_fail_policy(&req, -ETIMEDOUT);
 }
 

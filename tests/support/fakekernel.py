@@ -74,6 +74,12 @@ def close_event_msg(ctx_id: int) -> bytes:
     return genl(Cmd.EVENT, attr(Attr.EVENT, head))
 
 
+def abandoned_event_msg(ctx_id: int, upcall_id: int, kind: uapi.UpcallKind,
+                        err: int = errno.ETIMEDOUT) -> bytes:
+    head = uapi.EVENT.struct.pack(ctx_id, upcall_id, uapi.EventKind.ABANDONED, kind, -err, 0)
+    return genl(Cmd.EVENT, attr(Attr.EVENT, head))
+
+
 def ack_msg(request: bytes, err: int = 0, message: str | None = None) -> bytes:
     """NLMSG_ERROR for ``request``: the header only on success, all of it on error;
     ``message`` as the extended ACK's text."""

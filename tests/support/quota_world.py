@@ -7,7 +7,13 @@ import itertools
 import struct
 from pathlib import Path
 
-from tests.support.fakekernel import FAMILY, close_event_msg, post_event_msg, upcall_msg
+from tests.support.fakekernel import (
+    FAMILY,
+    abandoned_event_msg,
+    close_event_msg,
+    post_event_msg,
+    upcall_msg,
+)
 from vgpud.admin.manager import Manager
 from vgpud.core.ledger import Ledger
 from vgpud.kernel import codec
@@ -101,6 +107,16 @@ class World:
     def close(self, ctx: int) -> None:
         (msg,) = codec.decode_datagram(close_event_msg(ctx), FAMILY)
         self.d.on_event(msg)
+
+    def abandon(self, ctx: int, upcall_id: int, kind: UpcallKind = UpcallKind.IOCTL) -> None:
+        """The module gave up on upcall `upcall_id` (its caller timed out)."""
+        (msg,) = codec.decode_datagram(abandoned_event_msg(ctx, upcall_id, kind), FAMILY)
+        self.d.on_event(msg)
+
+    def mem_upcall(self, ctx: int, client: int, parent: int, size: int) -> tuple[int, Verdict]:
+        """The RM_ALLOC upcall of `size` bytes alone: no POST follows."""
+        return self.upcall(ctx, _alloc_params(client, parent, 0, 0x40, 21, _mem(size)),
+                           _mem(size), nr=Escape.RM_ALLOC)
 
     # -- RM calls (NVOS21 unless told) --
 

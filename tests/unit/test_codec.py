@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from tests.support.fakekernel import (
     FAMILY,
+    abandoned_event_msg,
     ack_msg,
     attr,
     close_event_msg,
@@ -25,7 +26,15 @@ from tests.support.fakekernel import (
     upcall_struct,
 )
 from vgpud.kernel import codec, uapi
-from vgpud.kernel.codec import CloseEvent, DecodeError, NlAck, PostEvent, Reply, Upcall
+from vgpud.kernel.codec import (
+    AbandonedEvent,
+    CloseEvent,
+    DecodeError,
+    NlAck,
+    PostEvent,
+    Reply,
+    Upcall,
+)
 from vgpud.kernel.uapi import Attr, Cmd, Filter, Node, UpcallKind, Verdict, VerdictAction
 from vgpud.policy.rules import rm_alloc_classes, rm_control_cmds
 
@@ -75,6 +84,15 @@ def test_events() -> None:
     post = decode_one(post_event_msg(9, 42, 0x2B, -22, NVOS21, b"x"))
     assert post == PostEvent(9, 42, 0x2B, -22, NVOS21, b"x")
     assert decode_one(close_event_msg(9)) == CloseEvent(9)
+    assert decode_one(abandoned_event_msg(9, 42, UpcallKind.OPEN, errno.EINTR)) == (
+        AbandonedEvent(9, 42, UpcallKind.OPEN, errno.EINTR))
+
+
+@pytest.mark.parametrize(("kind", "ret"), [(9, -errno.ETIMEDOUT), (UpcallKind.IOCTL, 0),
+                                           (UpcallKind.IOCTL, 5), (UpcallKind.IOCTL, -4096)])
+def test_abandoned_event_out_of_range_is_malformed(kind: int, ret: int) -> None:
+    head = uapi.EVENT.struct.pack(9, 42, uapi.EventKind.ABANDONED, kind, ret, 0)
+    assert isinstance(decode_one(genl(Cmd.EVENT, attr(Attr.EVENT, head))), DecodeError)
 
 
 def test_params_may_be_absent() -> None:

@@ -571,3 +571,35 @@ def test_binding_follows_the_process_not_the_pid(tmp_path: Path) -> None:
     # a start the module did not send: no binding applies
     assert w.open(3, uid=7, tgid=4242) == Verdict.deny(errno.EACCES)
     assert w.manager.contexts("c") == 1
+
+
+# --- upcalls the module gave up on (issue 10, item 12) ---
+
+
+def test_an_abandoned_allocation_gives_its_reservation_back(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    client, _device, sub = setup_gpu(w, 1)
+    uid, verdict = w.mem_upcall(1, client, sub, 768 * MIB)
+    assert verdict == ALLOW and w.used("a", 0) == 768 * MIB  # reserved
+    w.abandon(1, uid)  # the caller timed out: the verdict was never taken
+    assert w.used("a", 0) == 0
+    assert w.mem(1, client, sub, 768 * MIB)[0] == ALLOW  # the whole quota is there
+
+
+def test_an_abandoned_open_never_was(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    uid, verdict = w.upcall(5, kind=UpcallKind.OPEN, cgroup="/", uid=1000)
+    assert verdict == ALLOW and w.manager.contexts("a") == 1
+    w.abandon(5, uid, UpcallKind.OPEN)
+    assert w.manager.contexts("a") == 0
+    w.manager.update_tenant("a", {"memory": "2GiB"})  # the tenant is idle again
+    w.abandon(5, uid, UpcallKind.OPEN)  # twice, or unknown: nothing happens
+
+
+def test_an_abandoned_uvm_mapping_is_uncharged(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    assert w.open(1) == ALLOW
+    uid, verdict = w.upcall(1, mmap_params(64 * MIB), kind=UpcallKind.MMAP, node=Node.UVM)
+    assert verdict == ALLOW and w.used("a", 0) == 64 * MIB
+    w.abandon(1, uid, UpcallKind.MMAP)
+    assert w.used("a", 0) == 0

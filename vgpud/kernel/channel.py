@@ -30,7 +30,16 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.generic import GenericNetlinkSocket
 
 from vgpud.kernel import codec, uapi
-from vgpud.kernel.codec import CloseEvent, DecodeError, Event, NlAck, PostEvent, Reply, Upcall
+from vgpud.kernel.codec import (
+    AbandonedEvent,
+    CloseEvent,
+    DecodeError,
+    Event,
+    NlAck,
+    PostEvent,
+    Reply,
+    Upcall,
+)
 from vgpud.kernel.uapi import Context, Filter, Sched, SchedResult, Stats, Verdict
 
 __all__ = [
@@ -341,7 +350,7 @@ class GenlChannel:
                     log.warning("upcall %d with no handler; left to time out", msg.id)
                     continue
                 self._send_verdict(msg.id, handler.on_upcall(msg))
-            elif type(msg) is PostEvent or type(msg) is CloseEvent:
+            elif type(msg) is PostEvent or type(msg) is CloseEvent or type(msg) is AbandonedEvent:
                 if handler is not None:
                     handler.on_event(msg)
             elif type(msg) is NlAck:

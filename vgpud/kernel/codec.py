@@ -36,6 +36,7 @@ from vgpud.kernel.uapi import (
 )
 
 __all__ = [
+    "AbandonedEvent",
     "CloseEvent",
     "DecodeError",
     "Event",
@@ -134,6 +135,17 @@ class CloseEvent(NamedTuple):
     ctx_id: int
 
 
+class AbandonedEvent(NamedTuple):
+    """VGPU_EVENT_ABANDONED: the module gave up on an upcall (its caller timed
+    out or was killed); a verdict for it is never taken. What was reserved
+    for it is free, and an abandoned OPEN's context never existed."""
+
+    ctx_id: int
+    upcall_id: int
+    kind: UpcallKind
+    errno: int  # why: ETIMEDOUT, EINTR...
+
+
 class Reply(NamedTuple):
     """A kernel reply to one of our requests (e.g. GET_STATS)."""
 
@@ -170,8 +182,8 @@ class NlAck(NamedTuple):
         return _U64.unpack_from(verdict)[0]
 
 
-Event = PostEvent | CloseEvent
-Message = Upcall | PostEvent | CloseEvent | Reply | NlAck
+Event = PostEvent | CloseEvent | AbandonedEvent
+Message = Upcall | PostEvent | CloseEvent | AbandonedEvent | Reply | NlAck
 
 _KINDS = {int(k): k for k in UpcallKind}
 _NODES = {int(n): n for n in Node}
@@ -342,7 +354,7 @@ def _salvage_id(buf: bytes, off: int, end: int) -> int | None:
     return None
 
 
-def _decode_event(buf: bytes, off: int, end: int) -> PostEvent | CloseEvent:
+def _decode_event(buf: bytes, off: int, end: int) -> Event:
     attrs = _attrs(buf, off, end, _EVENT_ATTRS)
     head = attrs.get(Attr.EVENT)
     if head is None or len(head) != uapi.EVENT.size:
@@ -357,6 +369,12 @@ def _decode_event(buf: bytes, off: int, end: int) -> PostEvent | CloseEvent:
         if len(attrs) != 1:
             raise DecodeError("CLOSE event with extra attributes")
         return CloseEvent(ctx_id)
+    if kind == EventKind.ABANDONED:
+        upcall_kind = _KINDS.get(nr)
+        if len(attrs) != 1 or upcall_kind is None or not -4095 <= ret < 0:
+            raise DecodeError("ABANDONED event with extra attributes, an unknown upcall "
+                              "kind or an errno out of range")
+        return AbandonedEvent(ctx_id, upcall_id, upcall_kind, -ret)
     raise DecodeError(f"unknown event kind {kind}")
 
 

@@ -34,7 +34,7 @@ from vgpud.core.ledger import (
     Usage,
 )
 from vgpud.core.tenants import Opener, Tenant, UvmPolicy, resolve, start_ticks
-from vgpud.kernel.codec import CloseEvent, Event, PostEvent, Upcall
+from vgpud.kernel.codec import AbandonedEvent, CloseEvent, Event, PostEvent, Upcall
 from vgpud.kernel.uapi import (
     ALLOW,
     ALLOW_POST,
@@ -294,6 +294,21 @@ class QuotaPolicy:
                     self._complete(pending, event.nr, event.ret, event.params)
             case CloseEvent():
                 self._close(event.ctx_id)
+            case AbandonedEvent():
+                self._abandon(event)
+
+    def _abandon(self, event: AbandonedEvent) -> None:
+        """The caller stopped waiting: what its upcall reserved goes back."""
+        pending = self._pending.pop(event.upcall_id, None)
+        if pending is not None:
+            self._complete(pending, 0, -event.errno, b"")  # the call did not happen
+        if event.kind is UpcallKind.OPEN:
+            self._close(event.ctx_id)
+        elif event.kind is UpcallKind.MMAP and (key := Key(0, event.upcall_id)) in self.ledger:
+            self.ledger.free(key)
+            tenant = self._contexts.get(event.ctx_id)
+            if tenant is not None:
+                self.manager.usage_changed(tenant)
 
     # --- what other policies built on this one read (vgpud.sched) ---
 

@@ -32,7 +32,7 @@ from typing import Protocol
 
 from vgpud.core.groups import Group, GroupTracker
 from vgpud.core.ledger import Key
-from vgpud.kernel.codec import CloseEvent, Event, PostEvent, Upcall
+from vgpud.kernel.codec import AbandonedEvent, CloseEvent, Event, PostEvent, Upcall
 from vgpud.kernel.uapi import (
     UPCALL_F_DATA_FAULT,
     VERDICT_F_SCHED_OFF,
@@ -124,6 +124,10 @@ class SchedPolicy:
                     self._complete(event.upcall_id, event.ret, event.params)
                 case CloseEvent():
                     self._close(event.ctx_id)
+                case AbandonedEvent():
+                    self._pending.pop(event.upcall_id, None)
+                    if event.kind is UpcallKind.OPEN:
+                        self._close(event.ctx_id)
 
     def _watch(self, upcall: Upcall, call: object) -> bool:
         """Note an allowed alloc or free; True for a tenant's channel-group alloc."""
