@@ -603,3 +603,14 @@ def test_an_abandoned_uvm_mapping_is_uncharged(tmp_path: Path) -> None:
     assert verdict == ALLOW and w.used("a", 0) == 64 * MIB
     w.abandon(1, uid, UpcallKind.MMAP)
     assert w.used("a", 0) == 0
+
+
+def test_an_abandoned_post_upcall_leaves_the_charge_to_its_post_event(tmp_path: Path) -> None:
+    """The call behind a POST upcall happened: giving up on the POST changes
+    nothing of what the call's POST event settles."""
+    w = World(tmp_path)
+    client, _device, sub = setup_gpu(w, 1)
+    uid, verdict = w.mem_upcall(1, client, sub, 256 * MIB)
+    assert verdict == ALLOW
+    w.abandon(1, uid, UpcallKind.POST)
+    assert w.used("a", 0) == 256 * MIB  # still reserved

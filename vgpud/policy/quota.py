@@ -298,7 +298,12 @@ class QuotaPolicy:
                 self._abandon(event)
 
     def _abandon(self, event: AbandonedEvent) -> None:
-        """The caller stopped waiting: what its upcall reserved goes back."""
+        """The caller stopped waiting: what its upcall reserved goes back.
+
+        An abandoned POST upcall follows a call that did happen: what it
+        reserved is settled by the call's POST event, as without it."""
+        if event.kind is UpcallKind.POST:
+            return
         pending = self._pending.pop(event.upcall_id, None)
         if pending is not None:
             self._complete(pending, 0, -event.errno, b"")  # the call did not happen

@@ -124,8 +124,8 @@ class SchedPolicy:
                     self._complete(event.upcall_id, event.ret, event.params)
                 case CloseEvent():
                     self._close(event.ctx_id)
-                case AbandonedEvent():
-                    self._pending.pop(event.upcall_id, None)
+                case AbandonedEvent() if event.kind is not UpcallKind.POST:
+                    self._pending.pop(event.upcall_id, None)  # the call did not happen
                     if event.kind is UpcallKind.OPEN:
                         self._close(event.ctx_id)
 
