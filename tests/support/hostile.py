@@ -12,10 +12,11 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tests.support.guest import ROOT
+from tests.support.vgpud_proc import Daemon
 
 TENANT_UID = 1003
 TENANT_GID = 1003
@@ -85,3 +86,13 @@ def backing_fds(pids: Iterable[int], backing_rdevs: set[int]) -> list[str]:
             if stat.S_ISCHR(st.st_mode) and st.st_rdev in backing_rdevs:
                 found.append(f"{pid}:{fd.name} -> {os.readlink(fd)}")
     return found
+
+
+def start_daemon(daemon_factory: Callable[..., Daemon], tmp_path: Path,
+                 tenants: str) -> Daemon:
+    """The real vgpud, without D-Bus, deciding for the `[[tenant]]` tables in
+    `tenants` (TOML); its state and charge journal live in `tmp_path`."""
+    config = tmp_path / "vgpud.toml"
+    config.write_text(f'[daemon]\nstate_path = "{tmp_path / "state.json"}"\n'
+                      f'charges_path = "{tmp_path / "charges"}"\n\n{tenants}')
+    return daemon_factory("--config", str(config), "--no-dbus").start(timeout=300)

@@ -25,22 +25,18 @@ from pathlib import Path
 import pytest
 
 from tests.support import nvclient as nv
-from tests.support.hostile import TENANT_UID, spawn_tenant
+from tests.support.hostile import TENANT_UID, spawn_tenant, start_daemon
 from tests.support.nvsim import Fds, heap_free
 from tests.support.vgpud_proc import Daemon
 
 pytestmark = pytest.mark.vm
 
 MIB = 2**20
-CONFIG = """\
-[daemon]
-state_path = "{state}"
-charges_path = "{charges}"
-
+TENANTS = """\
 [[tenant]]
 name = "t"
 memory = "64MiB"
-match = [{{ uid = {uid} }}]
+match = [{ uid = {uid} }]
 """
 
 # Each line on stdin: allocate 48 MiB; answer errno and status.
@@ -58,10 +54,7 @@ for _ in sys.stdin:
 
 @pytest.fixture
 def daemon(vgpu: Path, daemon_factory, tmp_path: Path) -> Iterator[Daemon]:
-    config = tmp_path / "vgpud.toml"
-    config.write_text(CONFIG.format(state=tmp_path / "state.json",
-                                    charges=tmp_path / "charges", uid=TENANT_UID))
-    d = daemon_factory("--config", str(config), "--no-dbus").start(timeout=300)
+    d = start_daemon(daemon_factory, tmp_path, TENANTS.replace("{uid}", str(TENANT_UID)))
     yield d
     print(d.log())
 

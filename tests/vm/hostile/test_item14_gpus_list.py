@@ -20,7 +20,7 @@ import pytest
 
 from tests.support import nvclient as nv
 from tests.support.guest import get_param
-from tests.support.hostile import TENANT_UID, run_tenant
+from tests.support.hostile import TENANT_UID, run_tenant, start_daemon
 from tests.support.nvsim import Fds, heap_free
 from tests.support.vgpud_proc import Daemon
 
@@ -28,16 +28,12 @@ pytestmark = pytest.mark.vm
 
 ROUNDS = 200
 
-CONFIG = """\
-[daemon]
-state_path = "{state}"
-charges_path = "{charges}"
-
+TENANTS = """\
 [[tenant]]
 name = "t"
 memory = "64MiB"
 gpus = [0]
-match = [{{ uid = {uid} }}]
+match = [{ uid = {uid} }]
 """
 
 # Every way the tenant tries GPU 1, ROUNDS times; then one honest tree on GPU 0.
@@ -66,10 +62,7 @@ print(json.dumps(seen))
 
 @pytest.fixture
 def daemon(vgpu: Path, daemon_factory, tmp_path: Path) -> Iterator[Daemon]:
-    config = tmp_path / "vgpud.toml"
-    config.write_text(CONFIG.format(state=tmp_path / "state.json",
-                                    charges=tmp_path / "charges", uid=TENANT_UID))
-    d = daemon_factory("--config", str(config), "--no-dbus").start(timeout=300)
+    d = start_daemon(daemon_factory, tmp_path, TENANTS.replace("{uid}", str(TENANT_UID)))
     yield d
     print(d.log())
 

@@ -24,16 +24,12 @@ from pathlib import Path
 import pytest
 
 from tests.support.guest import get_param
-from tests.support.hostile import TENANT_UID, spawn_tenant
+from tests.support.hostile import TENANT_UID, spawn_tenant, start_daemon
 from tests.support.vgpud_proc import Daemon
 
 pytestmark = pytest.mark.vm
 
-CONFIG = """\
-[daemon]
-state_path = "{state}"
-charges_path = "{charges}"
-
+TENANTS = """\
 [[tenant]]
 name = "bound"
 memory = "64MiB"
@@ -73,10 +69,7 @@ def open_once(p: subprocess.Popen[str]) -> int:
 @pytest.fixture
 def bound(vgpu: Path, daemon_factory, tmp_path: Path) -> Iterator[tuple[subprocess.Popen, Daemon]]:
     first = spawn_opener()
-    config = tmp_path / "vgpud.toml"
-    config.write_text(CONFIG.format(state=tmp_path / "state.json",
-                                    charges=tmp_path / "charges", pid=first.pid))
-    daemon = daemon_factory("--config", str(config), "--no-dbus").start(timeout=300)
+    daemon = start_daemon(daemon_factory, tmp_path, TENANTS.replace("{pid}", str(first.pid)))
     yield first, daemon
     print(daemon.log())
 

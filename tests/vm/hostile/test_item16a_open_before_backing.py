@@ -18,22 +18,18 @@ from pathlib import Path
 import pytest
 
 from tests.support.guest import get_param
-from tests.support.hostile import run_tenant
+from tests.support.hostile import run_tenant, start_daemon
 from tests.support.vgpud_proc import Daemon
 
 pytestmark = pytest.mark.vm
 
 ATTEMPTS = 200
 
-CONFIG = """\
-[daemon]
-state_path = "{state}"
-charges_path = "{charges}"
-
+TENANTS = """\
 [[tenant]]
 name = "ops"
 memory = "256MiB"
-match = [{{ uid = 0 }}]
+match = [{ uid = 0 }]
 """
 
 # Opens every emulated node ATTEMPTS times over; reports the errnos seen.
@@ -53,10 +49,7 @@ print(json.dumps(seen))
 
 @pytest.fixture
 def refusing_daemon(vgpu: Path, daemon_factory, tmp_path: Path) -> Iterator[Daemon]:
-    config = tmp_path / "vgpud.toml"
-    config.write_text(CONFIG.format(state=tmp_path / "state.json",
-                                    charges=tmp_path / "charges"))
-    daemon = daemon_factory("--config", str(config), "--no-dbus").start(timeout=300)
+    daemon = start_daemon(daemon_factory, tmp_path, TENANTS)
     yield daemon
     print(daemon.log())
 
