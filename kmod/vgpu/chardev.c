@@ -80,7 +80,7 @@ static long vgpu_forward(struct vgpu_ctx *ctx, const struct vgpu_call *c)
 	if (!b->f_op->unlocked_ioctl)
 		return -ENOTTY;
 	if (c->xfer) {
-		ret = vgpu_shadow_map_wrapper(&sh, c->xfer);
+		ret = vgpu_shadow_map_wrapper(&sh, ctx, c->xfer);
 		if (ret)
 			return ret;
 		arg = sh.arg;
@@ -156,8 +156,8 @@ static void *vgpu_copy_data(const struct vgpu_rule *r, const void *params,
  * @m: the upcall
  *
  * After an allowed call, @params and @data hold the call's results, which
- * a POST event or upcall carries: read back from the caller's memory, or
- * from the shadow the driver wrote.
+ * a POST event or upcall carries: read back from the shadow the driver
+ * wrote.
  */
 struct vgpu_slow {
 	struct vgpu_rule rule;
@@ -182,22 +182,6 @@ static long vgpu_reply_write(const struct vgpu_call *c,
 	    copy_to_user(u64_to_user_ptr(s->dptr), m->reply_data, m->data_len))
 		return -EFAULT;
 	return 0;
-}
-
-/*
- * Reads params and data again as the driver left them, into the buffers
- * of the IOCTL upcall (no longer needed); a block that cannot be read is
- * left out of @m, so that a REPLY cannot name it.
- */
-static void vgpu_reread(const struct vgpu_call *c, struct vgpu_slow *s)
-{
-	struct vgpu_upcall_msg *m = &s->m;
-
-	if (m->params && copy_from_user(s->params, c->params, m->params_len))
-		m->params = NULL;
-	if (m->data && copy_from_user(s->data, u64_to_user_ptr(s->dptr),
-				      m->data_len))
-		m->data = NULL;
 }
 
 /* After an allowed call: report its results and the driver's @ret. */
@@ -242,8 +226,8 @@ static long vgpu_post_upcall(const struct vgpu_call *c, struct vgpu_slow *s,
 }
 
 /*
- * An allowed call under a VGPU_RULE_F_SHADOW rule: the driver runs on the
- * blocks the daemon checked (shadow.c). Its results are read back into
+ * A call the module read (an allowed one, under any rule): the driver runs
+ * on the blocks the daemon checked (shadow.c). Its results are read back into
  * @s's buffers (the caller's pointer put back in the params), then written
  * to the caller's params and, when the driver changed it, to the caller's
  * buffer. A block that cannot be read back is left out of @s->m. *dret is
@@ -272,7 +256,7 @@ static long vgpu_forward_shadow(struct vgpu_ctx *ctx,
 		xfer.cmd = c->xfer->cmd;
 		xfer.size = m->params_len;
 	}
-	err = vgpu_shadow_map(&sh, wrapped ? &xfer : NULL, s->params,
+	err = vgpu_shadow_map(&sh, ctx, wrapped ? &xfer : NULL, s->params,
 			      m->params_len, s->data ? s->ptr_off : VGPU_OFF_NONE,
 			      s->data, m->data_len);
 	if (err) {
@@ -309,6 +293,33 @@ static long vgpu_forward_shadow(struct vgpu_ctx *ctx,
 	    copy_to_user(u64_to_user_ptr(s->dptr), s->data, m->data_len))
 		ret = -EFAULT;
 	return ret;
+}
+
+/*
+ * Forwards a call the module read but did not send for a verdict (no rule's
+ * key matched, or the fail-open policy): on a shadow of the @plen bytes it
+ * read, so that a thread of the caller rewriting the key (an object class, a
+ * control command, a VID_HEAP function) between the match and the driver's
+ * read cannot take the call past the filter. The rule's buffer, if any, is
+ * shadowed too. A call without params is forwarded as is.
+ */
+static long vgpu_forward_checked(struct vgpu_ctx *ctx,
+				 const struct vgpu_call *c,
+				 struct vgpu_slow *s, u32 plen)
+{
+	struct vgpu_upcall_msg *m = &s->m;
+	long dret;
+
+	if (!plen || !s->params)
+		return vgpu_forward(ctx, c);
+	if (!m->params) {
+		/* Not prepared for an upcall: the params alone. */
+		m->params = s->params;
+		m->params_len = plen;
+		m->data = NULL;
+		s->data = NULL;
+	}
+	return vgpu_forward_shadow(ctx, c, s, &dret);
 }
 
 /*
@@ -376,14 +387,12 @@ static long vgpu_slow_allow(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 	u32 rflags = s->rule.flags;
 	long ret, dret;
 
-	/* A call without params has nothing to shadow. */
-	if ((rflags & VGPU_RULE_F_SHADOW) && m->params) {
+	/* Every call with params runs on the checked copy (and reports it). */
+	if (m->params) {
 		ret = vgpu_forward_shadow(ctx, c, s, &dret);
 	} else {
 		ret = vgpu_forward(ctx, c);
 		dret = ret;
-		if (v->flags || (rflags & VGPU_RULE_F_POST))
-			vgpu_reread(c, s);
 	}
 	/* Off before the caller, or the daemon, hears of the group. */
 	if ((v->flags & VGPU_VERDICT_F_SCHED_OFF) && !dret && m->params)
@@ -428,15 +437,20 @@ static long vgpu_ioctl_slow(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 	int out;
 
 	out = vgpu_slow_prepare(ctx, c, copy_size, &s);
-	if (out <= 0) {
-		ret = out ? out : vgpu_forward(ctx, c);
+	if (out < 0) {
+		ret = out;
+		goto out;
+	}
+	if (!out) {
+		/* No rule's key: the driver reads the key the module matched. */
+		ret = vgpu_forward_checked(ctx, c, &s, copy_size);
 		goto out;
 	}
 	out = vgpu_upcall(&s.m, &v);
 	if (out < 0)
 		ret = out;
 	else if (out == VGPU_OUT_FORWARD)
-		ret = vgpu_forward(ctx, c);
+		ret = vgpu_forward_checked(ctx, c, &s, s.m.params_len);
 	else
 		ret = vgpu_slow_apply(ctx, c, &s, &v);
 out:
@@ -489,9 +503,14 @@ static long vgpu_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 		if (copy_from_user(&xfer, c.params, sizeof(xfer)))
 			return -EFAULT;
 		c.xfer = &xfer;
-		/* Oversized: left to the driver, which refuses it. */
+		/*
+		 * Oversized: left to the driver, which refuses it. The driver
+		 * takes the wrapper's cmd as the escape number, whole: a value
+		 * with bits above the low 8 selects no rule and reaches the
+		 * driver as it was read, to be refused there.
+		 */
 		if (xfer.size <= VGPU_PARAMS_MAX) {
-			c.nr = _IOC_NR(xfer.cmd);
+			c.nr = xfer.cmd;
 			c.size = xfer.size;
 			c.params = u64_to_user_ptr(xfer.ptr);
 			c.flags = VGPU_UPCALL_F_XFER;
@@ -595,6 +614,7 @@ static void vgpu_ctx_fill(struct vgpu_ctx *ctx, const struct vgpu_node_dev *nd)
 	ctx->uid = from_kuid_munged(&init_user_ns, current_fsuid());
 	ctx->gid = from_kgid_munged(&init_user_ns, current_fsgid());
 	ctx->start_boottime = current->group_leader->start_boottime;
+	mutex_init(&ctx->shadow.lock);
 #ifdef CONFIG_CGROUPS
 	rcu_read_lock();
 	ctx->cgroup_id = cgroup_id(task_dfl_cgroup(current));
@@ -666,6 +686,7 @@ static int vgpu_release(struct inode *inode, struct file *file)
 
 	vgpu_ctx_unregister(ctx);
 	vgpu_sched_forget(ctx->id);
+	vgpu_shadow_release(ctx);
 	vgpu_event(&ev, NULL, 0, NULL, 0);
 	fput(ctx->backing);
 	kfree_rcu(ctx, rcu);

@@ -19,6 +19,17 @@
  * as the module read it (its escape chose the filter's path), still naming
  * the caller's params.
  *
+ * Every other call the module read to match it against the filter (no
+ * rule's key matched, a rule without the flag, the fail-open policy) runs
+ * on a shadow of its params as read, too (chardev.c).
+ *
+ * Each open file keeps one region mapped between its calls (struct
+ * vgpu_shadow_cache), in the mm of the process that first used it: a call
+ * that finds it free reuses it, so that the common call pays two copies
+ * and no mmap, fault, munmap and TLB flush. A call that finds it busy (a
+ * sibling thread's call in flight) or comes from another mm maps a region
+ * of its own for the call.
+ *
  * What a shadow does not close: the region is an ordinary mapping of the
  * caller's process, so a sibling thread that finds it can write it while
  * the driver runs (see docs/architecture.md).
@@ -29,6 +40,7 @@
 #include <linux/mman.h>
 #include <linux/moduleparam.h>
 #include <linux/sched.h>
+#include <linux/sched/mm.h>
 #include <linux/sysfs.h>
 #include <linux/uaccess.h>
 
@@ -52,16 +64,67 @@ MODULE_PARM_DESC(shadow_calls, "VGPU_RULE_F_SHADOW calls handed to the driver on
 module_param_cb(shadows_live, &vgpu_gauge_ops, &vgpu_shadows_live, 0444);
 MODULE_PARM_DESC(shadows_live, "shadow regions mapped now, shadow calls and XFER wrappers (read-only)");
 
+/* The largest shadow: [wrapper | params | pad | buffer], whole pages. */
+#define VGPU_SHADOW_MAX	PAGE_ALIGN(sizeof(struct nv_ioctl_xfer) + \
+				   2 * VGPU_PARAMS_MAX + sizeof(u64))
+
+static unsigned long vgpu_shadow_mmap(size_t len)
+{
+	return vm_mmap(NULL, 0, len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, 0);
+}
+
+/*
+ * Takes @ctx's kept region for @sh when it is free and lies in the
+ * caller's mm, mapping it on first use. True: @sh holds it (and its lock).
+ */
+static bool vgpu_shadow_take(struct vgpu_shadow *sh, struct vgpu_ctx *ctx)
+{
+	struct vgpu_shadow_cache *sc = &ctx->shadow;
+	unsigned long base;
+
+	if (!mutex_trylock(&sc->lock))
+		return false;
+	if (!sc->mm) {
+		base = vgpu_shadow_mmap(VGPU_SHADOW_MAX);
+		if (!IS_ERR_VALUE(base)) {
+			mmgrab(current->mm);
+			sc->mm = current->mm;
+			sc->base = base;
+			atomic64_inc(&vgpu_shadows_live);
+		}
+	}
+	if (sc->mm != current->mm) {
+		mutex_unlock(&sc->lock);
+		return false;
+	}
+	sh->cache = sc;
+	sh->base = sc->base;
+	sh->len = VGPU_SHADOW_MAX;
+	return true;
+}
+
+/* Forgets the kept region, leaving it mapped. Caller holds sc->lock. */
+static void vgpu_shadow_forget(struct vgpu_shadow_cache *sc)
+{
+	mmdrop(sc->mm);
+	sc->mm = NULL;
+	sc->base = 0;
+	atomic64_dec(&vgpu_shadows_live);
+}
+
 /* Maps @len bytes (whole pages) for @sh; 0 or a negative errno. */
-static int vgpu_shadow_alloc(struct vgpu_shadow *sh, size_t len)
+static int vgpu_shadow_alloc(struct vgpu_shadow *sh, struct vgpu_ctx *ctx,
+			     size_t len)
 {
 	unsigned long base;
 
 	memset(sh, 0, sizeof(*sh));
 	if (!current->mm)
 		return -EFAULT;
-	base = vm_mmap(NULL, 0, len, PROT_READ | PROT_WRITE,
-		       MAP_PRIVATE | MAP_ANONYMOUS, 0);
+	if (len <= VGPU_SHADOW_MAX && vgpu_shadow_take(sh, ctx))
+		return 0;
+	base = vgpu_shadow_mmap(len);
 	if (IS_ERR_VALUE(base))
 		return (int)base;
 	sh->base = base;
@@ -70,9 +133,24 @@ static int vgpu_shadow_alloc(struct vgpu_shadow *sh, size_t len)
 	return 0;
 }
 
+/*
+ * The shadow could not be written: a sibling thread unmapped or protected
+ * it. A kept region is forgotten (what lies there now is the caller's), a
+ * region of the call's own unmapped.
+ */
+static void vgpu_shadow_fault(struct vgpu_shadow *sh)
+{
+	if (sh->cache) {
+		vgpu_shadow_forget(sh->cache);
+		sh->base = 0;
+	}
+	vgpu_shadow_unmap(sh);
+}
+
 /**
  * vgpu_shadow_map - map a shadow of a call's checked blocks
  * @sh: the shadow, filled here; unmapped by vgpu_shadow_unmap()
+ * @ctx: the caller's context, whose kept region is used when free
  * @xfer: the wrapper as the module read it (its @ptr is replaced), or NULL
  * @params: the params as the upcall carried them
  * @plen: their length, 1..VGPU_PARAMS_MAX
@@ -85,7 +163,8 @@ static int vgpu_shadow_alloc(struct vgpu_shadow *sh, size_t len)
  * the caller's address space), -EFAULT (no mm, or the region could not be
  * written: a sibling thread unmapped it).
  */
-int vgpu_shadow_map(struct vgpu_shadow *sh, const struct nv_ioctl_xfer *xfer,
+int vgpu_shadow_map(struct vgpu_shadow *sh, struct vgpu_ctx *ctx,
+		    const struct nv_ioctl_xfer *xfer,
 		    const void *params, u32 plen, u32 ptr_off,
 		    const void *data, u32 dlen)
 {
@@ -102,7 +181,8 @@ int vgpu_shadow_map(struct vgpu_shadow *sh, const struct nv_ioctl_xfer *xfer,
 		memset(sh, 0, sizeof(*sh));
 		return -EINVAL;		/* the caller checked: unreachable */
 	}
-	err = vgpu_shadow_alloc(sh, PAGE_ALIGN(data ? doff + dlen : poff + plen));
+	err = vgpu_shadow_alloc(sh, ctx,
+				PAGE_ALIGN(data ? doff + dlen : poff + plen));
 	if (err)
 		return err;
 	base = sh->base;
@@ -128,7 +208,7 @@ int vgpu_shadow_map(struct vgpu_shadow *sh, const struct nv_ioctl_xfer *xfer,
 	return 0;
 
 err_unmap:
-	vgpu_shadow_unmap(sh);
+	vgpu_shadow_fault(sh);
 	return -EFAULT;
 }
 
@@ -136,21 +216,22 @@ err_unmap:
  * vgpu_shadow_map_wrapper - map a copy of an IOCTL_XFER_CMD wrapper
  * @sh: the shadow, filled here (@sh->arg names the copy); unmapped by
  *	vgpu_shadow_unmap()
+ * @ctx: the caller's context, whose kept region is used when free
  * @xfer: the wrapper as the module read it, copied as is
  *
  * Return: as vgpu_shadow_map().
  */
-int vgpu_shadow_map_wrapper(struct vgpu_shadow *sh,
+int vgpu_shadow_map_wrapper(struct vgpu_shadow *sh, struct vgpu_ctx *ctx,
 			    const struct nv_ioctl_xfer *xfer)
 {
 	int err;
 
-	err = vgpu_shadow_alloc(sh, PAGE_SIZE);
+	err = vgpu_shadow_alloc(sh, ctx, PAGE_SIZE);
 	if (err)
 		return err;
 	sh->arg = sh->base;
 	if (copy_to_user((void __user *)sh->base, xfer, sizeof(*xfer))) {
-		vgpu_shadow_unmap(sh);
+		vgpu_shadow_fault(sh);
 		return -EFAULT;
 	}
 	return 0;
@@ -185,9 +266,15 @@ int vgpu_shadow_read_data(const struct vgpu_shadow *sh, void *data, u32 dlen)
 	return copy_from_user(data, sh->data, dlen) ? -EFAULT : 0;
 }
 
-/* Unmaps the shadow, if mapped; safe to call twice. */
+/* Unmaps the shadow, if mapped (a kept region is given back); safe twice. */
 void vgpu_shadow_unmap(struct vgpu_shadow *sh)
 {
+	if (sh->cache) {
+		mutex_unlock(&sh->cache->lock);
+		sh->cache = NULL;
+		sh->base = 0;
+		return;
+	}
 	if (!sh->base)
 		return;
 	/*
@@ -198,4 +285,20 @@ void vgpu_shadow_unmap(struct vgpu_shadow *sh)
 		pr_debug("vgpu: shadow unmap failed\n");
 	sh->base = 0;
 	atomic64_dec(&vgpu_shadows_live);
+}
+
+/*
+ * Release of @ctx (no call is in flight): unmaps its kept region when the
+ * caller is in the region's mm; elsewhere (the last reference dropped by
+ * another process, or at exit, with no mm) it goes with that mm.
+ */
+void vgpu_shadow_release(struct vgpu_ctx *ctx)
+{
+	struct vgpu_shadow_cache *sc = &ctx->shadow;
+
+	if (!sc->mm)
+		return;
+	if (current->mm == sc->mm && vm_munmap(sc->base, VGPU_SHADOW_MAX))
+		pr_debug("vgpu: kept shadow unmap failed\n");
+	vgpu_shadow_forget(sc);
 }

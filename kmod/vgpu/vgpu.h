@@ -10,6 +10,7 @@
 #include <linux/atomic.h>
 #include <linux/percpu.h>
 #include <linux/fs.h>
+#include <linux/mutex.h>
 #include <linux/path.h>
 #include <linux/rcupdate.h>
 #include <linux/bitmap.h>
@@ -80,6 +81,23 @@ struct vgpu_node_dev {
 };
 
 /**
+ * struct vgpu_shadow_cache - a context's shadow region, kept between calls
+ * @lock: held by the one call using the region, from its map to its unmap
+ *	(shadow.c); other calls meanwhile map a region of their own
+ * @mm: the mm the region lies in, grabbed (mm_count) so that the pointer
+ *	names that mm as long as it is kept; NULL when there is none
+ * @base: where the region starts in @mm
+ *
+ * @mm and @base are written under @lock, and at release, when no call is
+ * in flight.
+ */
+struct vgpu_shadow_cache {
+	struct mutex lock;	/* protects mm, base; held by the user */
+	struct mm_struct *mm;
+	unsigned long base;
+};
+
+/**
  * struct vgpu_ctx - one open emulated file (file->private_data)
  * @id: unique while the module lives
  * @node: the emulated node it was opened on
@@ -91,10 +109,12 @@ struct vgpu_node_dev {
  * @gid: opener's fsgid
  * @start_boottime: start time of the opener's process (its thread-group
  *	leader's start_boottime, ns): a pid binding names this process only
+ * @shadow: the region its shadow calls reuse (shadow.c)
  * @rcu: for kfree_rcu: registry readers may still hold it (ctxreg.c)
  *
- * Immutable after open; in the context registry from open to release;
- * freed by release, after an RCU grace period.
+ * Immutable after open, but for @shadow (its own lock); in the context
+ * registry from open to release; freed by release, after an RCU grace
+ * period.
  */
 struct vgpu_ctx {
 	u64 id;
@@ -106,6 +126,7 @@ struct vgpu_ctx {
 	u32 uid;
 	u32 gid;
 	u64 start_boottime;
+	struct vgpu_shadow_cache shadow;
 	struct rcu_head rcu;
 };
 
@@ -158,10 +179,13 @@ void vgpu_fdx_mark(unsigned long *map, u32 node);
  * @arg: the ioctl argument that names the shadow (its wrapper or params)
  * @params: the shadow params, or NULL (a wrapper only)
  * @data: the shadow copy of the rule's buffer, or NULL
+ * @cache: the context's kept region, held by this call (its lock), or NULL
+ *	for a region of the call's own
  *
  * Owned by one call, on its stack; never shared.
  */
 struct vgpu_shadow {
+	struct vgpu_shadow_cache *cache;
 	unsigned long base;
 	size_t len;
 	unsigned long arg;
@@ -169,11 +193,13 @@ struct vgpu_shadow {
 	void __user *data;
 };
 
-int vgpu_shadow_map(struct vgpu_shadow *sh, const struct nv_ioctl_xfer *xfer,
+int vgpu_shadow_map(struct vgpu_shadow *sh, struct vgpu_ctx *ctx,
+		    const struct nv_ioctl_xfer *xfer,
 		    const void *params, u32 plen, u32 ptr_off,
 		    const void *data, u32 dlen);
-int vgpu_shadow_map_wrapper(struct vgpu_shadow *sh,
+int vgpu_shadow_map_wrapper(struct vgpu_shadow *sh, struct vgpu_ctx *ctx,
 			    const struct nv_ioctl_xfer *xfer);
+void vgpu_shadow_release(struct vgpu_ctx *ctx);
 int vgpu_shadow_read_params(const struct vgpu_shadow *sh, void *params,
 			    u32 plen);
 int vgpu_shadow_read_data(const struct vgpu_shadow *sh, void *data, u32 dlen);

@@ -5,7 +5,9 @@ the two nodes it compares so that both see the same noise:
 
 1. fast path: an RM_CONTROL through /dev/vgpu/nvidiactl (no rule matches)
    against the same call straight on /dev/nvsim/nvidiactl; the same wrapped
-   in IOCTL_XFER_CMD (the driver gets the module's copy of the wrapper);
+   in IOCTL_XFER_CMD (the driver gets the module's copy of the wrapper); an
+   RM_CONTROL on the escape a rule selects, with a key no rule matches (the
+   driver gets the module's checked copy of the params);
 2. slow path: the same call selected by a rule, so that each call is an
    upcall, a verdict and a forward; answered by the minimal C responder
    (tests/support/c_responder.c), by the same with the rule asking for shadow
@@ -40,6 +42,7 @@ from tests.support import nvclient as nv  # noqa: E402
 from tests.support.vgpud_proc import Daemon  # noqa: E402
 
 CTRL = 0xDEAD0001  # a control id no driver knows: the driver's answer is cheap
+CTRL_MISS = 0xDEAD0002  # another: on an escape with a rule, but no rule's key
 LINE = re.compile(r"^(\S+)\s+p50\s+(\d+) ns\s+p90\s+(\d+) ns\s+p99\s+(\d+) ns\s+mean\s+(\d+)")
 
 
@@ -55,10 +58,10 @@ def build(tmp: Path) -> tuple[Path, Path]:
     return lat, resp
 
 
-def measure(lat: Path, rounds: int, calls: int,
-            xfer: bool = False) -> dict[str, tuple[int, int, int, int]]:
+def measure(lat: Path, rounds: int, calls: int, xfer: bool = False,
+            ctrl: int = CTRL) -> dict[str, tuple[int, int, int, int]]:
     out = sh(str(lat), "/dev/nvsim/nvidiactl", "/dev/vgpu/nvidiactl", str(rounds), str(calls),
-             hex(CTRL), *(["xfer"] if xfer else []))
+             hex(ctrl), *(["xfer"] if xfer else []))
     figures = {}
     for line in out.splitlines():
         m = LINE.match(line)
@@ -95,6 +98,23 @@ def alloc_free_ns(nodes: nv.NvNodes, count: int) -> dict[int, list[int]]:
         os.close(ctl)
 
 
+def miss_path(lat: Path, resp: Path, rule: str, args: argparse.Namespace) -> None:
+    """An RM_CONTROL on an escape some rule selects, whose key no rule matches:
+    the module copies the params, matches none, and forwards its checked copy."""
+    c = subprocess.Popen([str(resp), "-f", rule], stdout=subprocess.PIPE, text=True)
+    try:
+        wait_ready(c, "c_responder")
+        figures = measure(lat, args.rounds, args.fast_calls, ctrl=CTRL_MISS)
+    finally:
+        c.terminate()
+        c.wait()
+    direct, via = figures["/dev/nvsim/nvidiactl"], figures["/dev/vgpu/nvidiactl"]
+    print("escape with a rule, no rule's key matches (forwarded on the checked copy)")
+    print(f"  direct nvsim  p50 {direct[0]:7d} ns  p99 {direct[2]:7d} ns")
+    print(f"  via vgpu      p50 {via[0]:7d} ns  p99 {via[2]:7d} ns")
+    print(f"  ratio p50 {via[0] / direct[0]:.3f}  (target <= 1.3)\n")
+
+
 def pct(values: list[int], p: float) -> int:
     return values[min(len(values) - 1, int(len(values) * p))]
 
@@ -127,6 +147,7 @@ def main() -> None:
     print(f"  XFER direct   p50 {direct[0]:7d} ns  p99 {direct[2]:7d} ns")
     print(f"  XFER via vgpu p50 {via[0]:7d} ns  p99 {via[2]:7d} ns  (a copy of the wrapper)")
     print(f"  ratio p50 {via[0] / direct[0]:.3f}\n")
+    miss_path(lat, resp, rule, args)
 
     # The responders take turns, `--turns` times, so that a slow phase of the
     # (noisy, shared) host hits them alike; each figure is the median over the

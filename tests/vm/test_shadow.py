@@ -1,8 +1,9 @@
 """Shadow calls (VGPU_RULE_F_SHADOW) in a real kernel (VM tier).
 
 A caller's thread rewrites its params while the upcall waits for the verdict.
-Without the flag the driver acts on the rewritten bytes; with it, on the bytes
-the daemon checked, and the caller gets the driver's results. nvsim's memory
+The driver acts on the bytes the daemon checked, flag or not (since issue 10
+item 4 every call the module reads runs on a shadow), and the caller gets the
+driver's results. nvsim's memory
 use is read straight on /dev/nvsim (FB_GET_INFO_V2 HEAP_FREE of its own client).
 
 The responder is the test itself (the raw netlink client of
@@ -173,7 +174,7 @@ def test_rewritten_alloc_size(env: Env, heap: Heap, shadow: bool, xfer: bool) ->
             g.verdict(hdr[U_ID], ALLOW)
             e, params = a.result()
             head, ev = post_event(g)
-        acted = SMALL if shadow else HUGE  # without the shadow: the hazard
+        acted = SMALL  # flag or not: the driver reads the checked copy
         assert (e, params[6]) == (0, 0) and params[2] != 0
         assert free0 - heap.free() == acted
         # The caller's buffer and the POST event hold what the driver did ...
@@ -183,7 +184,7 @@ def test_rewritten_alloc_size(env: Env, heap: Heap, shadow: bool, xfer: bool) ->
         # ... and the caller's own pointer, never the shadow's.
         assert params[4] == nv.addr(a.mem)
         assert nv.NVOS21.unpack(ev[A_PARAMS]) == params
-        assert gauge("shadow_calls") == shadowed + shadow
+        assert gauge("shadow_calls") == shadowed + 1
     finally:
         os.close(fd)
     assert heap.free() == free0
@@ -192,10 +193,11 @@ def test_rewritten_alloc_size(env: Env, heap: Heap, shadow: bool, xfer: bool) ->
 @pytest.mark.parametrize("shadow", [False, True], ids=["plain", "shadow"])
 def test_rewritten_xfer_wrapper(env: Env, heap: Heap, shadow: bool) -> None:
     """The wrapper moved to other params: the driver reads the module's copy, flag or not."""
+    live = gauge("shadows_live")
     fd = env.open()
     try:
         tree = nv.build_tree(fd)
-        free0, live = heap.free(), gauge("shadows_live")
+        free0 = heap.free()
         other_mem = nv.cbuf(nv.memory_params(HUGE))
         other = nv.cbuf(nv.NVOS21.pack(tree.client, tree.device, 0, 0x40, nv.addr(other_mem),
                                        nv.MEM_ALLOC.size, 0xFFFF))
@@ -208,9 +210,10 @@ def test_rewritten_xfer_wrapper(env: Env, heap: Heap, shadow: bool) -> None:
         assert (e, params[6]) == (0, 0) and params[2] != 0
         assert nv.NVOS21.unpack(other.raw)[6] == 0xFFFF
         assert free0 - heap.free() == SMALL
-        assert gauge("shadows_live") == live
+        assert gauge("shadows_live") <= live + 1  # at most the file's kept region
     finally:
         os.close(fd)
+    assert gauge("shadows_live") == live  # which goes with the file
 
 
 def test_post_upcall_carries_the_shadow_results(env: Env, heap: Heap) -> None:
@@ -471,7 +474,7 @@ def test_no_room_for_the_shadow(env: Env, heap: Heap, tmp_path: Path) -> None:
     assert rm_calls() == calls, "the driver was called without a shadow"
 
 
-def test_other_verdicts_and_fail_open_map_nothing(env: Env, heap: Heap) -> None:
+def test_other_verdicts_map_nothing_and_fail_open_is_checked(env: Env, heap: Heap) -> None:
     fd = env.open()
     try:
         tree = nv.build_tree(fd)
@@ -485,12 +488,12 @@ def test_other_verdicts_and_fail_open_map_nothing(env: Env, heap: Heap) -> None:
                 e, params = a.result()
                 assert (e, params[6]) == ((errno.EPERM, 0xFFFF) if action == DENY else
                                           (0, nv.NV_ERR_NO_MEMORY))
-        # No daemon, fail-open: forwarded as before, the caller's own memory.
+        # No daemon, fail-open: forwarded on a shadow of what the module read.
         set_param("vgpu", "fail_open", "1")
         e, params = Alloc(fd, tree, SMALL).result()
         assert (e, params[6]) == (0, 0)
         set_param("vgpu", "fail_open", "0")
-        assert gauge("shadow_calls") == shadowed
+        assert gauge("shadow_calls") == shadowed + 1
         assert free0 - heap.free() == SMALL
     finally:
         os.close(fd)

@@ -25,7 +25,8 @@
  *      upcall; VGPU_EVENT_ABANDONED and VGPU_EVENT_REVOKED; VGPU_CMD_REVOKE;
  *      nested lists in a rule's buffer (VGPU_A_NESTED, VGPU_A_DATA2); the
  *      opener's start time (VGPU_A_OPENER, VGPU_A_OPENERS); VGPU_A_STATS4;
- *      DENY errnos limited to 1..511.
+ *      DENY errnos limited to 1..511; every call read for the filter is a
+ *      shadow call; an XFER wrapper's cmd is its escape number, whole.
  *
  * The protocol is append-only: new commands, attributes and enum values are
  * added at the end; existing layouts never change.
@@ -58,8 +59,9 @@ enum vgpu_node {
 /**
  * struct vgpu_rule - one selector of the slow path
  * @node_mask: nodes it applies to, bits (1 << enum vgpu_node)
- * @nr: escape number after IOCTL_XFER_CMD unwrapping; on the UVM node the
- *	plain command number
+ * @nr: escape number after IOCTL_XFER_CMD unwrapping (the wrapper's cmd,
+ *	whole, as the driver takes it); on the UVM node the plain command
+ *	number
  * @size: exact params size this rule applies to; 0 for any size
  * @match_off: offset in params of a u32 key (object class, control command);
  *	VGPU_OFF_NONE selects every call with this nr and size
@@ -90,6 +92,10 @@ struct vgpu_rule {
  * upcall carried them, from memory the caller did not pass, and the
  * driver's results are copied back to the caller's blocks afterwards. A
  * caller's thread rewriting its params during the call changes nothing.
+ * v4: the module gives the driver its checked copy of every call it read
+ * to match it against the filter (an allowed call under any rule, a call
+ * no rule's key matched, a fail-open forward): the flag is implied, and
+ * kept so that a v3 filter still validates.
  */
 #define VGPU_RULE_F_SHADOW	(1U << 1)
 

