@@ -74,6 +74,15 @@ static unsigned long vgpu_shadow_mmap(size_t len)
 		       MAP_PRIVATE | MAP_ANONYMOUS, 0);
 }
 
+/* Forgets the kept region, leaving it mapped. Caller holds sc->lock. */
+static void vgpu_shadow_forget(struct vgpu_shadow_cache *sc)
+{
+	mmdrop(sc->mm);
+	sc->mm = NULL;
+	sc->base = 0;
+	atomic64_dec(&vgpu_shadows_live);
+}
+
 /*
  * Takes @ctx's kept region for @sh when it is free and lies in the
  * caller's mm, mapping it on first use. True: @sh holds it (and its lock).
@@ -85,6 +94,9 @@ static bool vgpu_shadow_take(struct vgpu_shadow *sh, struct vgpu_ctx *ctx)
 
 	if (!mutex_trylock(&sc->lock))
 		return false;
+	/* Its process exec'd or exited (the file lives on elsewhere). */
+	if (sc->mm && sc->mm != current->mm && !atomic_read(&sc->mm->mm_users))
+		vgpu_shadow_forget(sc);
 	if (!sc->mm) {
 		base = vgpu_shadow_mmap(VGPU_SHADOW_MAX);
 		if (!IS_ERR_VALUE(base)) {
@@ -102,15 +114,6 @@ static bool vgpu_shadow_take(struct vgpu_shadow *sh, struct vgpu_ctx *ctx)
 	sh->base = sc->base;
 	sh->len = VGPU_SHADOW_MAX;
 	return true;
-}
-
-/* Forgets the kept region, leaving it mapped. Caller holds sc->lock. */
-static void vgpu_shadow_forget(struct vgpu_shadow_cache *sc)
-{
-	mmdrop(sc->mm);
-	sc->mm = NULL;
-	sc->base = 0;
-	atomic64_dec(&vgpu_shadows_live);
 }
 
 /* Maps @len bytes (whole pages) for @sh; 0 or a negative errno. */
