@@ -499,6 +499,7 @@ def test_other_verdicts_and_fail_open_map_nothing(env: Env, heap: Heap) -> None:
 def test_filter_validation(env: Env) -> None:
     g = Genl()
     try:
+        g.register()
         with pytest.raises(NlError) as e:
             g.set_filter([rule(1 << NODE_UVM, 1, 0, flags=RULE_SHADOW)])
         assert e.value.errno == errno.EINVAL and "size" in e.value.msg
