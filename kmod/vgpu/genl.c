@@ -5,6 +5,8 @@
  */
 #include <linux/netlink.h>
 #include <linux/notifier.h>
+#include <linux/pid_namespace.h>
+#include <linux/sched.h>
 #include <linux/stringify.h>
 #include <net/genetlink.h>
 #include <net/netlink.h>
@@ -42,12 +44,55 @@ static void vgpu_extack(struct netlink_ext_ack *extack,
 	extack->bad_attr = attr;
 }
 
+/*
+ * Who may send what. Every command needs CAP_NET_ADMIN in the initial user
+ * namespace (GENL_ADMIN_PERM, checked by genetlink for both the socket's
+ * opener and the sender). On top of that:
+ *
+ * - only the registered daemon changes what the module enforces (SET_FILTER,
+ *   VERDICT, UNREGISTER, SCHEDULE);
+ * - only a sender in the initial pid namespace becomes the daemon
+ *   (REGISTER), so that a container granted CAP_NET_ADMIN with the host's
+ *   network cannot take the daemon's place while it restarts;
+ * - the module's counters and contexts (GET_STATS, LIST_CONTEXTS) are for
+ *   the daemon and for the host's operator (vgpuctl module-stats and
+ *   module-contexts, which work while no daemon runs).
+ *
+ * A doit handler runs in the sending task's context (netlink_unicast() into
+ * a kernel socket calls it synchronously), so current is the sender.
+ */
+static bool vgpu_sender_in_init_pid_ns(void)
+{
+	return task_active_pid_ns(current) == &init_pid_ns;
+}
+
+/* The family is not netns-aware: every sender is in init_net. */
+static bool vgpu_sender_is_daemon(struct genl_info *info)
+{
+	return vgpu_daemon_is(genl_info_net(info), info->snd_portid);
+}
+
+/* For GET_STATS and LIST_CONTEXTS: the daemon, or the host. */
+static int vgpu_may_read(struct genl_info *info)
+{
+	if (vgpu_sender_is_daemon(info) || vgpu_sender_in_init_pid_ns())
+		return 0;
+	NL_SET_ERR_MSG(info->extack,
+		       "vgpu: the module is read by the daemon or from the initial pid namespace only");
+	return -EPERM;
+}
+
 static int vgpu_nl_register(struct sk_buff *skb, struct genl_info *info)
 {
 	u32 version, restored;
 	bool fresh;
 	int err;
 
+	if (!vgpu_sender_in_init_pid_ns()) {
+		NL_SET_ERR_MSG(info->extack,
+			       "vgpu: REGISTER is for the initial pid namespace only");
+		return -EPERM;
+	}
 	if (GENL_REQ_ATTR_CHECK(info, VGPU_A_VERSION))
 		return -EINVAL;
 	version = nla_get_u32(info->attrs[VGPU_A_VERSION]);
@@ -103,6 +148,11 @@ static int vgpu_nl_set_filter(struct sk_buff *skb, struct genl_info *info)
 	u32 flags = 0, n = 0;
 	int err;
 
+	if (!vgpu_sender_is_daemon(info)) {
+		NL_SET_ERR_MSG(info->extack,
+			       "vgpu: SET_FILTER is for the registered daemon only");
+		return -EPERM;
+	}
 	if (info->attrs[VGPU_A_FILTER_FLAGS])
 		flags = nla_get_u32(info->attrs[VGPU_A_FILTER_FLAGS]);
 	if (rules) {
@@ -150,7 +200,11 @@ static int vgpu_nl_get_stats(struct sk_buff *skb, struct genl_info *info)
 	struct vgpu_stats stats;
 	struct sk_buff *msg;
 	void *hdr;
+	int err;
 
+	err = vgpu_may_read(info);
+	if (err)
+		return err;
 	msg = genlmsg_new(nla_total_size(sizeof(stats)), GFP_KERNEL);
 	if (!msg)
 		return -ENOMEM;
@@ -205,7 +259,7 @@ static int vgpu_nl_list_contexts(struct sk_buff *skb, struct genl_info *info)
 	struct vgpu_context *ctxs;
 	struct sk_buff *msg;
 	u64 start = 0, next;
-	int err = -EMSGSIZE;
+	int err;
 	void *hdr;
 	u32 n;
 
@@ -214,6 +268,10 @@ static int vgpu_nl_list_contexts(struct sk_buff *skb, struct genl_info *info)
 	BUILD_BUG_ON(nla_total_size(VGPU_LIST_MAX * sizeof(*openers)) > U16_MAX);
 	BUILD_BUG_ON(nla_total_size(VGPU_SCHED_MAX *
 				    sizeof(struct vgpu_sched_result)) > U16_MAX);
+	err = vgpu_may_read(info);
+	if (err)
+		return err;
+	err = -EMSGSIZE;
 	if (cursor)
 		start = nla_get_u64(cursor);
 	ctxs = kvmalloc_array(VGPU_LIST_MAX, sizeof(*ctxs), GFP_KERNEL);
@@ -261,13 +319,11 @@ static int vgpu_nl_schedule(struct sk_buff *skb, struct genl_info *info)
 	const char *why = NULL;
 	struct vgpu_sched *in;
 	struct sk_buff *msg;
-	u32 portid, n;
 	void *hdr;
 	int err;
+	u32 n;
 
-	/* The family is not netns-aware: every sender is in init_net. */
-	portid = vgpu_daemon_portid();
-	if (!portid || portid != info->snd_portid) {
+	if (!vgpu_sender_is_daemon(info)) {
 		NL_SET_ERR_MSG(info->extack,
 			       "vgpu: SCHEDULE is for the registered daemon only");
 		return -EPERM;

@@ -171,6 +171,17 @@ void vgpu_daemon_gone(struct net *net, u32 portid)
 	}
 }
 
+/* Is @portid in @net the registered daemon? */
+bool vgpu_daemon_is(struct net *net, u32 portid)
+{
+	bool is;
+
+	spin_lock(&vgpu_daemon.lock);
+	is = vgpu_daemon_match_locked(net, portid);
+	spin_unlock(&vgpu_daemon.lock);
+	return is;
+}
+
 u32 vgpu_daemon_portid(void)
 {
 	return READ_ONCE(vgpu_daemon.portid);

@@ -265,6 +265,7 @@ void vgpu_event(const struct vgpu_event *ev, const void *params, u32 plen,
 int vgpu_daemon_register(struct net *net, u32 portid, bool *fresh);
 int vgpu_daemon_unregister(struct net *net, u32 portid);
 void vgpu_daemon_gone(struct net *net, u32 portid);
+bool vgpu_daemon_is(struct net *net, u32 portid);
 u32 vgpu_daemon_portid(void);
 void vgpu_upcall_exit(void);
 

@@ -19,7 +19,7 @@
  *   -W         rules ask for shadow calls (VGPU_RULE_F_SHADOW)
  *   -O         upcall every open (VGPU_FILTER_OPEN)
  *   -M         upcall every mmap of nvidia-uvm (VGPU_FILTER_UVM_MMAP)
- *   -F         install the filter and exit without registering
+ *   -F         register, install the filter and exit (the filter stays)
  *   -a ACTION  allow (default), deny=ERRNO, status=STATUS@OFFSET, ignore
  *              (never answer), post (ALLOW with VGPU_VERDICT_F_POST, and
  *              ALLOW to the POST upcalls that follow), post-ignore (the
@@ -379,7 +379,8 @@ int main(int argc, char **argv)
 		print_stats();
 		return 0;
 	}
-	if (!filter_only) {
+	/* SET_FILTER is the registered daemon's only: -F registers too. */
+	{
 		struct attr a = { VGPU_A_VERSION, 4, &version };
 
 		err = request(VGPU_CMD_REGISTER, &a, 1, NULL, 0);

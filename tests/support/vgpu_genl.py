@@ -198,8 +198,11 @@ def stats() -> dict[str, int]:
 
 
 def set_filter(rules: list[bytes], flags: int = 0) -> None:
+    """Install a filter as a daemon would (SET_FILTER is the registered port's
+    only); it stays when this client's port goes."""
     g = Genl()
     try:
+        g.register()
         g.set_filter(rules, flags)
     finally:
         g.close()

@@ -157,11 +157,11 @@ class OverrunOnce:
     def __getattr__(self, name):
         return getattr(self._sock, name)
 
-    def recv(self, size: int) -> bytes:
+    def recvfrom(self, size: int) -> tuple[bytes, object]:
         if self._overrun:
             self._overrun = False
             raise OSError(errno.ENOBUFS, "No buffer space available")
-        return self._sock.recv(size)
+        return self._sock.recvfrom(size)
 
 
 def test_enobufs_is_counted_and_reading_goes_on() -> None:
@@ -176,6 +176,75 @@ def test_enobufs_is_counted_and_reading_goes_on() -> None:
         assert channel.stats.enobufs == 1
         channel.close()
         kernel.stop()
+
+    run(main())
+
+
+class AsNetlink:
+    """Our end of the pair as a netlink socket: each datagram comes from the next
+    address in ``sources``, else from the kernel's (nl_pid 0)."""
+
+    family = socket.AF_NETLINK
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.sources: list[tuple[int, int]] = []
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+    def recvfrom(self, size: int) -> tuple[bytes, tuple[int, int]]:
+        buf, _ = self._sock.recvfrom(size)
+        return buf, self.sources.pop(0) if self.sources else ch.KERNEL
+
+
+def test_a_message_not_from_the_kernel_is_dropped_and_the_next_handled(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def main():
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        kernel = FakeKernel(theirs)
+        kernel.start()
+        sock = AsNetlink(ours)
+        recorder = Recorder()
+        channel = ch.GenlChannel(sock, FAMILY, recorder)
+        channel.start()
+        sock.sources = [(4321, 0), (0, 1), (4321, 0)]
+        kernel.send(upcall_msg(ALLOC21, id=15))  # a forged upcall: no verdict
+        kernel.send(close_event_msg(7))  # from the kernel, but a multicast group
+        kernel.send(close_event_msg(8))  # a forged CLOSE: nothing forgotten
+        kernel.send(upcall_msg(ALLOC21, id=16))
+        assert (await kernel.verdicts.get())[0] == 16
+        assert kernel.verdicts.empty() and recorder.events == []
+        assert channel.stats.foreign == 3 and channel.stats.datagrams == 4
+        channel.close()
+        kernel.stop()
+
+    run(main())
+    warned = [r for r in caplog.records if "not the kernel" in r.getMessage()]
+    assert len(warned) == 1 and "4321" in warned[0].getMessage()  # rate-limited
+
+
+def test_the_real_socket_takes_unicasts_from_the_kernel_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """GenlChannel.open connects its socket to the kernel: another port's
+    unicast is refused by the kernel (NETLINK_USERSOCK here: any uid may
+    send on it, and this host has no vgpu family)."""
+    async def family(name: str = "vgpu") -> int:
+        return FAMILY
+
+    monkeypatch.setattr(ch, "resolve_family", family)
+    monkeypatch.setattr(ch, "NETLINK_GENERIC", 2)  # NETLINK_USERSOCK
+
+    async def main():
+        channel = await ch.GenlChannel.open(Recorder(), rcvbuf=1 << 16)
+        forger = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 2)
+        try:
+            forger.bind((0, 0))
+            with pytest.raises(ConnectionRefusedError):
+                forger.sendto(upcall_msg(ALLOC21, id=17), channel._sock.getsockname())
+        finally:
+            forger.close()
+            channel.close()
 
     run(main())
 

@@ -502,6 +502,7 @@ def test_other_verdicts_map_nothing_and_fail_open_is_checked(env: Env, heap: Hea
 def test_filter_validation(env: Env) -> None:
     g = Genl()
     try:
+        g.register()
         with pytest.raises(NlError) as e:
             g.set_filter([rule(1 << NODE_UVM, 1, 0, flags=RULE_SHADOW)])
         assert e.value.errno == errno.EINVAL and "size" in e.value.msg

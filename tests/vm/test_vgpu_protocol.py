@@ -1,6 +1,6 @@
 """kmod/vgpu's generic netlink family refusing what it must (VM tier): the
 registration (version, one daemon), malformed or foreign verdicts, unregister
-by another socket, filter validation, and commands from an unprivileged user.
+and filters by another socket, filter validation, and commands from an unprivileged user.
 The daemon is the raw client of tests/support/vgpu_genl.py.
 
     scripts/test-vm -k test_vgpu_protocol
@@ -52,6 +52,10 @@ def test_bad_verdicts_and_registration(vg: Env) -> None:
         with pytest.raises(NlError) as e:
             other.register()
         assert e.value.errno == errno.EBUSY
+        # SET_FILTER: only by the daemon, whatever the sender's capabilities.
+        with pytest.raises(NlError) as e:
+            other.set_filter([])
+        assert e.value.errno == errno.EPERM and "registered daemon" in e.value.msg
         g.set_filter([rule(1 << NODE_CTL, RM_ALLOC, 0, 12, (0x40,))])
         threads, results = waiters(vg, 1)
         hdr, attrs = g.next_upcall()
@@ -103,6 +107,7 @@ def test_bad_verdicts_and_registration(vg: Env) -> None:
 def test_filter_validation(vg: Env) -> None:
     g = Genl()
     try:
+        g.register()
         ctl = 1 << NODE_CTL
         bad = [
             rule(0, RM_ALLOC),

@@ -8,6 +8,11 @@ GET_STATS, UNREGISTER) go out on the same socket, because the module unicasts
 upcalls to the port that registered; their replies are matched by sequence
 number in the same reader.
 
+Only the kernel speaks on the socket: it is connected to the kernel (nl_pid
+0), so that the kernel refuses unicasts to it from any other port (a process
+with CAP_NET_ADMIN could otherwise send the daemon forged upcalls and
+events), and a datagram from any other source is dropped and counted.
+
 The channel takes any datagram socket in its constructor, so tests drive it
 with one end of ``socketpair(AF_UNIX, SOCK_DGRAM)`` standing in for the
 kernel; ``GenlChannel.open`` makes the real netlink socket.
@@ -21,6 +26,7 @@ import functools
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -67,6 +73,8 @@ RCVBUF = 8 << 20
 RECV_SIZE = 1 << 16  # above VGPU_PARAMS_MAX twice (params + data) plus headers
 BATCH = 64  # datagrams handled per wakeup before yielding to the loop
 REQUEST_TIMEOUT = 5.0
+KERNEL = (0, 0)  # a netlink unicast's source address from the kernel: nl_pid 0, no group
+FOREIGN_LOG_INTERVAL = 10.0  # seconds between warnings of dropped foreign datagrams
 
 
 class ChannelError(Exception):
@@ -116,6 +124,7 @@ class ChannelStats:
     send_errors: int = 0
     enobufs: int = 0  # receive queue overruns: upcalls lost, the module times them out
     refused_verdicts: int = 0  # NLMSG_ERROR for a verdict (e.g. -ENOENT when late)
+    foreign: int = 0  # datagrams not from the kernel, dropped
 
 
 @dataclass(slots=True)
@@ -163,6 +172,9 @@ class GenlChannel:
     ) -> None:
         sock.setblocking(False)
         self._sock = sock
+        # Where the kernel's datagrams come from; a socketpair stand-in's peer is unnamed.
+        self._kernel = KERNEL if sock.family == socket.AF_NETLINK else None
+        self._foreign_logged = -FOREIGN_LOG_INTERVAL
         self._family_id = family_id
         self._handler = handler
         self._encode_verdict = codec.VerdictEncoder(family_id).encode
@@ -182,6 +194,7 @@ class GenlChannel:
                              NETLINK_GENERIC)
         try:
             sock.bind((0, 0))
+            sock.connect(KERNEL)  # the kernel refuses unicasts to us from other ports
             _set_rcvbuf(sock, rcvbuf)
             sock.setsockopt(SOL_NETLINK, NETLINK_EXT_ACK, 1)
         except OSError:
@@ -319,10 +332,11 @@ class GenlChannel:
     # -- receive path -----------------------------------------------------
 
     def _on_readable(self) -> None:
-        recv, dispatch, stats = self._sock.recv, self._dispatch, self.stats
+        recv, dispatch, stats = self._sock.recvfrom, self._dispatch, self.stats
+        kernel = self._kernel
         for _ in range(BATCH):
             try:
-                buf = recv(RECV_SIZE)
+                buf, source = recv(RECV_SIZE)
             except BlockingIOError:
                 return
             except OSError as exc:
@@ -338,7 +352,19 @@ class GenlChannel:
                 self._fail(ConnectionResetError("peer closed"))
                 return
             stats.datagrams += 1
+            if source != kernel:
+                self._drop_foreign(source)
+                continue
             dispatch(buf)
+
+    def _drop_foreign(self, source: object) -> None:
+        """A datagram that is not the kernel's: never decoded, counted, logged now and then."""
+        self.stats.foreign += 1
+        now = time.monotonic()
+        if now - self._foreign_logged >= FOREIGN_LOG_INTERVAL:
+            self._foreign_logged = now
+            log.warning("dropped a netlink message from %r, not the kernel (%d so far)",
+                        source, self.stats.foreign)
 
     def _dispatch(self, buf: bytes) -> None:
         handler = self._handler

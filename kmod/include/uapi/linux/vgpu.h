@@ -495,31 +495,48 @@ struct vgpu_stats4 {
 	__u64 reserved[2];
 };
 
-/* enum vgpu_cmd - generic netlink commands of the family */
+/*
+ * enum vgpu_cmd - generic netlink commands of the family
+ *
+ * Every daemon -> kernel command needs CAP_NET_ADMIN in the initial user
+ * namespace, and is taken in the initial network namespace only. Beyond
+ * that, only the registered daemon changes what the module enforces
+ * (SET_FILTER, VERDICT, UNREGISTER, SCHEDULE, OBJECT, REVOKE), only a sender
+ * in the initial pid namespace may register, and the counters and contexts
+ * (GET_STATS, LIST_CONTEXTS) are read by the daemon or by a sender in the
+ * initial pid namespace. Anyone else gets EPERM.
+ */
 enum vgpu_cmd {
 	VGPU_CMD_UNSPEC,
 	/*
 	 * daemon -> kernel: VERSION; becomes the responder (EBUSY if taken).
-	 * v4: needs CAP_SYS_ADMIN in the initial user namespace.
+	 * The sender must be in the initial pid namespace.
 	 */
 	VGPU_CMD_REGISTER,
 	/*
-	 * daemon -> kernel: FILTER_FLAGS, RULES, NESTED (replaces the whole
-	 * filter); v4: registered daemon only
+	 * daemon -> kernel (registered daemon only): FILTER_FLAGS, RULES,
+	 * NESTED (replaces the whole filter)
 	 */
 	VGPU_CMD_SET_FILTER,
-	/* daemon -> kernel; reply carries STATS and STATS4 */
+	/*
+	 * daemon -> kernel (the registered daemon, or a sender in the initial
+	 * pid namespace); reply carries STATS and STATS4
+	 */
 	VGPU_CMD_GET_STATS,
 	/* kernel -> daemon: UPCALL, PARAMS, DATA, DATA2, CGROUP, OPENER */
 	VGPU_CMD_UPCALL,
-	/* daemon -> kernel: VERDICT (+ PARAMS, DATA, DATA2: REPLY) */
+	/*
+	 * daemon -> kernel (registered daemon only): VERDICT (+ PARAMS, DATA,
+	 * DATA2: REPLY)
+	 */
 	VGPU_CMD_VERDICT,
 	/* kernel -> daemon: EVENT, PARAMS, DATA */
 	VGPU_CMD_EVENT,
-	/* daemon -> kernel: stops being the responder */
+	/* daemon -> kernel (registered daemon only): stops being the responder */
 	VGPU_CMD_UNREGISTER,
 	/*
-	 * daemon -> kernel: CURSOR (first ctx_id wanted); the reply carries
+	 * daemon -> kernel (the registered daemon, or a sender in the initial
+	 * pid namespace): CURSOR (first ctx_id wanted); the reply carries
 	 * CONTEXTS (ascending ctx_id, at most VGPU_LIST_MAX), OPENERS (v4,
 	 * same order) and CURSOR (next ctx_id to ask for, 0 when the list is
 	 * complete)
