@@ -186,6 +186,16 @@ static void __init nvsim_abi_check(void)
 	BUILD_BUG_ON(offsetof(struct nvos32, data.alloc_size.offset) != 104);
 	BUILD_BUG_ON(offsetof(struct nvos32, data.alloc_size.numa_node) != 152);
 	BUILD_BUG_ON(offsetof(struct nvos32, data.info.size) != 56);
+	BUILD_BUG_ON(offsetof(struct nvos32, data.alloc_tiled.height) != 56);
+	BUILD_BUG_ON(offsetof(struct nvos32, data.alloc_tiled.pitch) != 60);
+	BUILD_BUG_ON(offsetof(struct nvos32, data.alloc_tiled.size) != 88);
+	BUILD_BUG_ON(offsetof(struct nvos32, data.alloc_tiled.range_begin) != 128);
+	BUILD_BUG_ON(offsetof(struct nvos32, data.alloc_tiled.numa_node) != 152);
+	BUILD_BUG_ON(offsetof(struct nvos32, data.alloc_range.size) != 80);
+	BUILD_BUG_ON(offsetof(struct nvos32, data.alloc_range.limit) != 104);
+	BUILD_BUG_ON(offsetof(struct nvos32, data.alloc_range.range_begin) != 112);
+	BUILD_BUG_ON(offsetof(struct nvos32, data.alloc_range.address) != 128);
+	BUILD_BUG_ON(offsetof(struct nvos32, data.alloc_range.numa_node) != 144);
 	BUILD_BUG_ON(sizeof(struct nv_card_info) != 72);
 	BUILD_BUG_ON(offsetof(struct nv_card_info, fb_size) != 48);
 	BUILD_BUG_ON(offsetof(struct nv_card_info, minor_number) != 56);

@@ -803,13 +803,129 @@ out:
 	return 0;
 }
 
+/*
+ * What the three allocating NVOS32 functions hand the common construct
+ * (RM turns each into NV_MEMORY_ALLOCATION_PARAMS): their data union
+ * members differ in layout, not in meaning.
+ */
+struct nvsim_heap_alloc {
+	u32 flags;
+	u32 *h_memory;
+	u64 *size;
+	u64 *offset;
+	u64 *limit;
+	u32 *partition_stride;
+	u64 range_lo;
+	u64 range_hi;
+};
+
+/*
+ * The range an allocation must fit in, as RM's heap reads it: 0..0 is the
+ * whole heap, an end past the heap is clamped to it, a begin past the end
+ * is an invalid argument, and a size the window cannot hold is out of
+ * memory.  nvsim does not place objects inside the heap (its FB offsets
+ * are its own), so the window bounds what fits, not where.
+ */
+static u32 nvsim_heap_range(const struct nvsim_gpu *gpu, u64 lo, u64 hi,
+			    u64 size)
+{
+	u64 top = gpu->capacity - 1;
+
+	if (!lo && !hi)
+		hi = top;
+	hi = min(hi, top);
+	if (lo > hi)
+		return NV_ERR_INVALID_ARGUMENT;
+	if (size && (size > hi - lo + 1 || PAGE_ALIGN(size) > hi - lo + 1))
+		return NV_ERR_NO_MEMORY;
+	return NV_OK;
+}
+
+static u32 nvsim_heap_alloc(struct nvsim_client *c, struct nvsim_obj *parent,
+			    const struct nvsim_heap_alloc *r)
+{
+	bool provided = r->flags & NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED;
+	bool virt = r->flags & NVOS32_ALLOC_FLAGS_VIRTUAL;
+	struct nvsim_obj *obj;
+	u32 h = provided ? *r->h_memory : 0;
+	u32 st;
+
+	*r->partition_stride = 256;
+	if (!h && provided)
+		return NV_ERR_INVALID_ARGUMENT;
+	/* RM checks the range of a virtual allocation when it maps it. */
+	if (!virt) {
+		st = nvsim_heap_range(parent->gpu, r->range_lo, r->range_hi,
+				      *r->size);
+		if (st)
+			return st;
+	}
+	st = nvsim_mem_alloc(c, parent, &h,
+			     virt ? NV50_MEMORY_VIRTUAL : NV01_MEMORY_LOCAL_USER,
+			     r->size, r->offset, &obj);
+	if (st)
+		return st;
+	*r->h_memory = h;
+	*r->limit = *r->offset + *r->size - 1;
+	return NV_OK;
+}
+
+/* ALLOC_SIZE and ALLOC_TILED_PITCH_HEIGHT take the range only on request. */
+static void nvsim_heap_range_opt(struct nvsim_heap_alloc *r, u64 lo, u64 hi)
+{
+	if (r->flags & NVOS32_ALLOC_FLAGS_USE_BEGIN_END) {
+		r->range_lo = lo;
+		r->range_hi = hi;
+	}
+}
+
+static u32 nvsim_alloc_size(struct nvsim_client *c, struct nvsim_obj *parent,
+			    struct nvos32_alloc_size *a)
+{
+	struct nvsim_heap_alloc r = {
+		.flags = a->flags, .h_memory = &a->h_memory, .size = &a->size,
+		.offset = &a->offset, .limit = &a->limit,
+		.partition_stride = &a->partition_stride,
+	};
+
+	nvsim_heap_range_opt(&r, a->range_begin, a->range_end);
+	return nvsim_heap_alloc(c, parent, &r);
+}
+
+/* The size is height x pitch, pitch signed, as RM computes it (mod 2^64). */
+static u32 nvsim_alloc_tiled(struct nvsim_client *c, struct nvsim_obj *parent,
+			     struct nvos32_alloc_tiled_pitch_height *a)
+{
+	struct nvsim_heap_alloc r = {
+		.flags = a->flags, .h_memory = &a->h_memory, .size = &a->size,
+		.offset = &a->offset, .limit = &a->limit,
+		.partition_stride = &a->partition_stride,
+	};
+
+	a->size = (u64)a->height * (u64)(s64)a->pitch;
+	nvsim_heap_range_opt(&r, a->range_begin, a->range_end);
+	return nvsim_heap_alloc(c, parent, &r);
+}
+
+static u32 nvsim_alloc_range(struct nvsim_client *c, struct nvsim_obj *parent,
+			     struct nvos32_alloc_size_range *a)
+{
+	struct nvsim_heap_alloc r = {
+		.flags = a->flags, .h_memory = &a->h_memory, .size = &a->size,
+		.offset = &a->offset, .limit = &a->limit,
+		.partition_stride = &a->partition_stride,
+		.range_lo = a->range_begin, .range_hi = a->range_end,
+	};
+
+	return nvsim_heap_alloc(c, parent, &r);
+}
+
 static u32 nvsim_vid_heap_locked(struct nvsim_file *nf, struct nvos32 *p)
 {
-	struct nvos32_alloc_size *a = &p->data.alloc_size;
 	struct nvsim_client *c;
 	struct nvsim_obj *parent, *obj;
 	struct nvsim_gpu *gpu;
-	u32 h, hclass, st = NV_OK;
+	u32 st = NV_OK;
 
 	c = nvsim_client_get(nf, p->h_root);
 	if (!c)
@@ -821,18 +937,13 @@ static u32 nvsim_vid_heap_locked(struct nvsim_file *nf, struct nvos32 *p)
 
 	switch (p->function) {
 	case NVOS32_FUNCTION_ALLOC_SIZE:
-		h = (a->flags & NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED) ?
-			a->h_memory : 0;
-		if (!h && (a->flags & NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED))
-			return NV_ERR_INVALID_ARGUMENT;
-		hclass = (a->flags & NVOS32_ALLOC_FLAGS_VIRTUAL) ?
-			NV50_MEMORY_VIRTUAL : NV01_MEMORY_LOCAL_USER;
-		st = nvsim_mem_alloc(c, parent, &h, hclass, &a->size,
-				     &a->offset, &obj);
-		if (!st) {
-			a->h_memory = h;
-			a->limit = a->offset + a->size - 1;
-		}
+		st = nvsim_alloc_size(c, parent, &p->data.alloc_size);
+		break;
+	case NVOS32_FUNCTION_ALLOC_TILED_PITCH_HEIGHT:
+		st = nvsim_alloc_tiled(c, parent, &p->data.alloc_tiled);
+		break;
+	case NVOS32_FUNCTION_ALLOC_SIZE_RANGE:
+		st = nvsim_alloc_range(c, parent, &p->data.alloc_range);
 		break;
 	case NVOS32_FUNCTION_FREE:
 		if (!(p->data.free.flags & NVOS32_FREE_FLAGS_MEMORY_HANDLE_PROVIDED))
@@ -848,7 +959,7 @@ static u32 nvsim_vid_heap_locked(struct nvsim_file *nf, struct nvos32 *p)
 		p->data.info.base = 0;
 		break;
 	default:
-		return NV_ERR_INVALID_FUNCTION;
+		return NV_ERR_INVALID_ARGUMENT;
 	}
 	p->total = gpu->capacity;
 	p->free = gpu->capacity - gpu->used;
@@ -856,13 +967,20 @@ static u32 nvsim_vid_heap_locked(struct nvsim_file *nf, struct nvos32 *p)
 }
 
 /*
- * NV_ESC_RM_VID_HEAP_CONTROL: ALLOC_SIZE (a memory object under the
- * device; NVOS32_ALLOC_FLAGS_VIRTUAL makes an uncharged virtual one),
- * FREE (by handle) and INFO; total/free report the GPU's heap.  Other
- * functions answer NV_ERR_INVALID_FUNCTION.
+ * NV_ESC_RM_VID_HEAP_CONTROL: ALLOC_SIZE, ALLOC_TILED_PITCH_HEIGHT and
+ * ALLOC_SIZE_RANGE (a memory object under the device, its size, offset
+ * and limit reported back; NVOS32_ALLOC_FLAGS_VIRTUAL makes an uncharged
+ * virtual one), FREE (by handle) and INFO; total/free report the GPU's
+ * heap.  As RmDeprecatedVidHeapControl: an IVC heap number is not
+ * supported and a function it has no handler for is an invalid argument
+ * (nvsim serves only these five).
  */
 int nvsim_rm_vid_heap(struct nvsim_file *nf, struct nvos32 *p)
 {
+	if (p->ivc_heap_number > 0) {
+		p->status = NV_ERR_NOT_SUPPORTED;
+		return 0;
+	}
 	mutex_lock(&nvsim_lock);
 	p->status = nvsim_vid_heap_locked(nf, p);
 	mutex_unlock(&nvsim_lock);

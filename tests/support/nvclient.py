@@ -48,7 +48,6 @@ NV_ERR_INVALID_ARGUMENT = 0x1F
 NV_ERR_INVALID_CLASS = 0x22
 NV_ERR_INVALID_CLIENT = 0x23
 NV_ERR_INVALID_FLAGS = 0x29
-NV_ERR_INVALID_FUNCTION = 0x2A
 NV_ERR_INVALID_LIMIT = 0x2E
 NV_ERR_INVALID_OBJECT_HANDLE = 0x33
 NV_ERR_INVALID_OBJECT_PARENT = 0x36
@@ -87,7 +86,10 @@ NVSIM_CTRL_CMD_GET_WORK_STATS = 0xA06C01F0  # nvsim-private
 NVOS32_FUNCTION_ALLOC_SIZE = 2
 NVOS32_FUNCTION_FREE = 3
 NVOS32_FUNCTION_INFO = 5
+NVOS32_FUNCTION_ALLOC_TILED_PITCH_HEIGHT = 6
+NVOS32_FUNCTION_ALLOC_SIZE_RANGE = 14
 NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED = 0x4000
+NVOS32_ALLOC_FLAGS_USE_BEGIN_END = 0x20000
 NVOS32_ALLOC_FLAGS_VIRTUAL = 0x80000
 NVOS32_FREE_FLAGS_MEMORY_HANDLE_PROVIDED = 0x1
 
@@ -106,6 +108,14 @@ NVOS02_FD = struct.Struct("<IIIII4xQQI4xi4x")
 NVOS32_HEAD = struct.Struct("<IIIIh2xIQQ")  # hRoot hParent function hVASpace ivc status total free
 NVOS32_SIZE = 184
 NVOS32_ALLOC = struct.Struct("<IIIIIIIIIII4xQQQQQQQIIi4x")  # data.AllocSize, at 40
+# data.AllocTiledPitchHeight: owner hMemory type flags height pitch attr width format
+# comprCovg zcullCovg partitionStride size alignment offset limit address rangeBegin
+# rangeEnd attr2 ctagOffset numaNode
+NVOS32_TILED = struct.Struct("<IIIIIiIIIIIIQQQQQQQIIi4x")
+# data.AllocSizeRange: owner hMemory type flags attr format comprCovg zcullCovg
+# partitionStride size alignment offset limit rangeBegin rangeEnd address attr2
+# ctagOffset numaNode
+NVOS32_RANGE = struct.Struct("<IIIIIIIII4xQQQQQQQIIi4x")
 NVOS32_FREE = struct.Struct("<III")
 NVOS32_INFO = struct.Struct("<I4xQQQ")
 RM_API_VERSION = struct.Struct("<II64s")
@@ -136,7 +146,9 @@ for _s, _n in (
     (SUBMIT_WORK, 24), (WORK_STATS, 24), (GPFIFO_SCHEDULE, 3), (TIMESLICE, 8),
 ):
     assert _s.size == _n, (_s.format, _s.size, _n)
-assert NVOS32_HEAD.size + NVOS32_ALLOC.size <= NVOS32_SIZE
+assert NVOS32_HEAD.size + max(NVOS32_ALLOC.size, NVOS32_TILED.size,
+                              NVOS32_RANGE.size) <= NVOS32_SIZE
+assert (NVOS32_TILED.size, NVOS32_RANGE.size) == (120, 112)
 assert NVOS55.size == 28
 
 # The global namespace, as a C program (and libcuda) binds ioctl: an LD_PRELOAD
@@ -376,6 +388,44 @@ def vid_heap_alloc(ctl: int, hroot: int, hparent: int, size: int, handle: int = 
     e, st, _, out = vid_heap(ctl, hroot, hparent, NVOS32_FUNCTION_ALLOC_SIZE, data)
     f = NVOS32_ALLOC.unpack_from(out)
     return e, st, f[1], f[11]
+
+
+@dataclass(frozen=True)
+class HeapAlloc:
+    """What an allocating VID_HEAP function reports back."""
+
+    errno: int
+    status: int
+    handle: int
+    size: int
+    offset: int
+    limit: int
+
+
+def vid_heap_alloc_tiled(ctl: int, hroot: int, hparent: int, height: int, pitch: int,
+                         handle: int = 0, flags: int = 0, size: int = 0) -> HeapAlloc:
+    """ALLOC_TILED_PITCH_HEIGHT: the driver allocates height x pitch (``size`` is
+    what the caller puts in the size field, which the driver ignores)."""
+    if handle:
+        flags |= NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED
+    data = NVOS32_TILED.pack(0, handle, 0, flags, height, pitch, 0, 0, 0, 0, 0, 0,
+                             size, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    e, st, _, out = vid_heap(ctl, hroot, hparent, NVOS32_FUNCTION_ALLOC_TILED_PITCH_HEIGHT,
+                             data)
+    f = NVOS32_TILED.unpack_from(out)
+    return HeapAlloc(e, st, f[1], f[12], f[14], f[15])
+
+
+def vid_heap_alloc_range(ctl: int, hroot: int, hparent: int, size: int, begin: int = 0,
+                         end: int = 0, handle: int = 0, flags: int = 0) -> HeapAlloc:
+    """ALLOC_SIZE_RANGE: ``size`` bytes inside begin..end (inclusive; 0..0: anywhere)."""
+    if handle:
+        flags |= NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED
+    data = NVOS32_RANGE.pack(0, handle, 0, flags, 0, 0, 0, 0, 0, size, 0, 0, 0, begin, end,
+                             0, 0, 0, 0)
+    e, st, _, out = vid_heap(ctl, hroot, hparent, NVOS32_FUNCTION_ALLOC_SIZE_RANGE, data)
+    f = NVOS32_RANGE.unpack_from(out)
+    return HeapAlloc(e, st, f[1], f[9], f[11], f[12])
 
 
 def vid_heap_free(ctl: int, hroot: int, hparent: int, hmemory: int) -> tuple[int, int]:

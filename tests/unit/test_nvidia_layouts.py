@@ -25,6 +25,8 @@ SIZES = {
     "nv_ioctl_nvos33_parameters_with_fd": 56,
     "nv_ioctl_nvos02_parameters_with_fd": 56,
     "NVOS32_PARAMETERS": 184,
+    "NVOS32_TILED_PARAMETERS": 184,
+    "NVOS32_RANGE_PARAMETERS": 184,
     "NVOS32_INFO_PARAMETERS": 184,
     "NVOS55_PARAMETERS": 28,
     "NV_MEMORY_ALLOCATION_PARAMS": 128,
@@ -50,6 +52,15 @@ OFFSETS = {
     "NVOS32_PARAMETERS": dict(function=8, hVASpace=12, ivcHeapNumber=16, status=20, total=24,
                               free=32, owner=40, hMemory=44, type=48, flags=52, attr=56,
                               size=88, alignment=96, offset=104, attr2=144, ctagOffset=148),
+    "NVOS32_TILED_PARAMETERS": dict(function=8, status=20, owner=40, hMemory=44, flags=52,
+                                    height=56, pitch=60, attr=64, width=68, size=88,
+                                    alignment=96, offset=104, limit=112, address=120,
+                                    rangeBegin=128, rangeEnd=136, attr2=144, ctagOffset=148,
+                                    numaNode=152),
+    "NVOS32_RANGE_PARAMETERS": dict(function=8, status=20, owner=40, hMemory=44, flags=52,
+                                    attr=56, partitionStride=72, size=80, alignment=88,
+                                    offset=96, limit=104, rangeBegin=112, rangeEnd=120,
+                                    address=128, attr2=136, ctagOffset=140, numaNode=144),
     "NVOS32_INFO_PARAMETERS": dict(function=8, status=20, total=24, free=32, attr=40,
                                    offset=48, size=56, base=64),
     "NVOS55_PARAMETERS": dict(hClient=0, hParent=4, hObject=8, hClientSrc=12, hObjectSrc=16,
@@ -68,8 +79,9 @@ OFFSETS = {
 }
 
 # C mirrors, written from nvos.h (open-gpu-kernel-modules). NVOS32's union is
-# flattened to its AllocSize member (NVOS32_PARAMETERS) or its Info member
-# (NVOS32_INFO_PARAMETERS) plus the padding that its largest member (HwAlloc,
+# flattened to its AllocSize member (NVOS32_PARAMETERS), its AllocTiledPitchHeight
+# (NVOS32_TILED_PARAMETERS), AllocSizeRange (NVOS32_RANGE_PARAMETERS) or Info
+# member (NVOS32_INFO_PARAMETERS) plus the padding that its largest member (HwAlloc,
 # 144 B) implies; the union itself is sized below in C.
 C_MIRRORS = r"""
 #include <stdint.h>
@@ -101,11 +113,32 @@ struct hw_alloc { NvU32 allocOwner; NvHandle allochMemory; NvU32 flags, allocTyp
 struct alloc_size { NvU32 owner; NvHandle hMemory; NvU32 type, flags, attr, format, comprCovg,
   zcullCovg, partitionStride, width, height; NvU64 size, alignment, offset, limit;
   NvP64 address; NvU64 rangeBegin, rangeEnd; NvU32 attr2, ctagOffset; };
+struct alloc_tiled { NvU32 owner; NvHandle hMemory; NvU32 type, flags, height; NvS32 pitch;
+  NvU32 attr, width, format, comprCovg, zcullCovg, partitionStride; NvU64 size, alignment,
+  offset, limit; NvP64 address; NvU64 rangeBegin, rangeEnd; NvU32 attr2, ctagOffset;
+  NvS32 numaNode; };
+struct alloc_range { NvU32 owner; NvHandle hMemory; NvU32 type, flags, attr, format, comprCovg,
+  zcullCovg, partitionStride; NvU64 size, alignment, offset, limit, rangeBegin, rangeEnd;
+  NvP64 address; NvU32 attr2, ctagOffset; NvS32 numaNode; };
 struct info { NvU32 attr; NvU64 offset, size, base; };
 typedef struct { NvHandle hRoot, hObjectParent; NvU32 function; NvHandle hVASpace;
   NvS16 ivcHeapNumber; NvV32 status; NvU64 total, free;
-  union { struct alloc_size AllocSize; struct info Info; struct hw_alloc HwAlloc; } data;
+  union { struct alloc_size AllocSize; struct alloc_tiled AllocTiledPitchHeight;
+    struct alloc_range AllocSizeRange; struct info Info; struct hw_alloc HwAlloc; } data;
 } NVOS32_REAL;
+typedef struct { NvHandle hRoot, hObjectParent; NvU32 function; NvHandle hVASpace;
+  NvS16 ivcHeapNumber; NvV32 status; NvU64 total, free;
+  NvU32 owner; NvHandle hMemory; NvU32 type, flags, height; NvS32 pitch;
+  NvU32 attr, width, format, comprCovg, zcullCovg, partitionStride; NvU64 size, alignment,
+  offset, limit; NvP64 address; NvU64 rangeBegin, rangeEnd; NvU32 attr2, ctagOffset;
+  NvS32 numaNode;
+  char tail[sizeof(struct hw_alloc) - sizeof(struct alloc_tiled)]; } NVOS32_TILED_PARAMETERS;
+typedef struct { NvHandle hRoot, hObjectParent; NvU32 function; NvHandle hVASpace;
+  NvS16 ivcHeapNumber; NvV32 status; NvU64 total, free;
+  NvU32 owner; NvHandle hMemory; NvU32 type, flags, attr, format, comprCovg,
+  zcullCovg, partitionStride; NvU64 size, alignment, offset, limit, rangeBegin, rangeEnd;
+  NvP64 address; NvU32 attr2, ctagOffset; NvS32 numaNode;
+  char tail[sizeof(struct hw_alloc) - sizeof(struct alloc_range)]; } NVOS32_RANGE_PARAMETERS;
 typedef struct { NvHandle hRoot, hObjectParent; NvU32 function; NvHandle hVASpace;
   NvS16 ivcHeapNumber; NvV32 status; NvU64 total, free;
   NvU32 attr; NvU64 offset, size, base;
@@ -132,6 +165,14 @@ typedef struct { NvU32 fbInfoListSize; NV2080_CTRL_FB_INFO fbInfoList[128];
 _Static_assert(sizeof(NVOS32_REAL) == sizeof(NVOS32_PARAMETERS), "NVOS32 flattening");
 _Static_assert(offsetof(NVOS32_REAL, data) == 40, "NVOS32 union offset");
 _Static_assert(sizeof(NVOS32_REAL) == sizeof(NVOS32_INFO_PARAMETERS), "NVOS32 Info flattening");
+_Static_assert(sizeof(NVOS32_REAL) == sizeof(NVOS32_TILED_PARAMETERS), "NVOS32 tiled flattening");
+_Static_assert(sizeof(NVOS32_REAL) == sizeof(NVOS32_RANGE_PARAMETERS), "NVOS32 range flattening");
+_Static_assert(offsetof(NVOS32_REAL, data.AllocTiledPitchHeight.numaNode)
+               == offsetof(NVOS32_TILED_PARAMETERS, numaNode), "NVOS32 tiled numaNode");
+_Static_assert(offsetof(NVOS32_REAL, data.AllocSizeRange.size)
+               == offsetof(NVOS32_RANGE_PARAMETERS, size), "NVOS32 range size");
+_Static_assert(offsetof(NVOS32_REAL, data.AllocSizeRange.numaNode)
+               == offsetof(NVOS32_RANGE_PARAMETERS, numaNode), "NVOS32 range numaNode");
 _Static_assert(offsetof(NVOS32_REAL, data.Info.size) == offsetof(NVOS32_INFO_PARAMETERS, size),
                "NVOS32 Info.size");
 _Static_assert(sizeof(nv_ioctl_nvos33_parameters_with_fd_c)
@@ -168,6 +209,7 @@ KMOD_STRUCTS = {
     "nv_ioctl_nvos33_parameters_with_fd": "nvos33_with_fd",
     "nv_ioctl_nvos02_parameters_with_fd": "nvos02_with_fd",
     "NVOS32_PARAMETERS": "nvos32", "NVOS32_INFO_PARAMETERS": "nvos32",
+    "NVOS32_TILED_PARAMETERS": "nvos32", "NVOS32_RANGE_PARAMETERS": "nvos32",
     "NVOS55_PARAMETERS": "nvos55",
     "NV_MEMORY_ALLOCATION_PARAMS": "nv_memory_allocation_params",
     "NV0080_ALLOC_PARAMETERS": "nv0080_alloc_params", "NV2080_CTRL_FB_INFO": "nv2080_fb_info",
@@ -176,7 +218,9 @@ KMOD_STRUCTS = {
 }
 KMOD_FIELDS = {"internalflags": "internal_flags", "fbInfoListSize": "list_size",
                "fbInfoList": "list"}
-NVOS32_UNION = {"NVOS32_PARAMETERS": "data.alloc_size.", "NVOS32_INFO_PARAMETERS": "data.info."}
+NVOS32_UNION = {"NVOS32_PARAMETERS": "data.alloc_size.", "NVOS32_INFO_PARAMETERS": "data.info.",
+                "NVOS32_TILED_PARAMETERS": "data.alloc_tiled.",
+                "NVOS32_RANGE_PARAMETERS": "data.alloc_range."}
 NVOS32_HEAD = frozenset({"hRoot", "hObjectParent", "function", "hVASpace", "ivcHeapNumber",
                          "status", "total", "free"})
 
@@ -234,6 +278,9 @@ def _py_numbers() -> dict[str, int]:
            "UVM_INITIALIZE": E.UvmCmd.INITIALIZE,
            "NV2080_CTRL_FB_INFO_MAX_LIST_SIZE": E.FB_INFO_MAX_LIST_SIZE,
            "NVOS32_ALLOC_FLAGS_VIRTUAL": E.NVOS32_ALLOC_FLAGS_VIRTUAL,
+           "NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED":
+               E.NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED,
+           "NVOS32_ALLOC_FLAGS_USE_BEGIN_END": E.NVOS32_ALLOC_FLAGS_USE_BEGIN_END,
            "NV_OK": E.NvStatus.OK, "NV01_ROOT_CLIENT": E.NvClass.ROOT_CLIENT,
            "NV01_DEVICE_0": E.NvClass.DEVICE_0, "NV20_SUBDEVICE_0": E.NvClass.SUBDEVICE_0,
            "NV01_MEMORY_SYSTEM": E.NvClass.MEMORY_SYSTEM,

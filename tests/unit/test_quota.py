@@ -22,6 +22,7 @@ from vgpud.kernel.uapi import (
     ALLOW_POST,
     FILTER_OPEN,
     FILTER_UVM_MMAP,
+    OFF_NONE,
     UPCALL_F_DATA_BIG,
     UPCALL_F_DATA_FAULT,
     Context,
@@ -55,14 +56,15 @@ def test_filter() -> None:
     assert (Escape.RM_DUP_OBJECT, 28) in by_nr
     assert by_nr[Escape.RM_ALLOC_MEMORY, 56].node_mask == 1 << Node.GPU
     heap = [r for r in filt.rules if r.nr == Escape.RM_VID_HEAP_CONTROL]
-    # ALLOC_SIZE and FREE complete on POST events; INFO asks for a POST upcall.
-    assert [(r.match, r.post) for r in heap] == [((2, 3), True), ((5,), False)]
+    # Every function goes up (the unknown ones are refused), of the NVOS32 size;
+    # the allocations and FREE complete on POST events, INFO asks for a POST upcall.
+    assert [(r.size, r.match_off, r.post, r.shadow) for r in heap] == [
+        (L.NVOS32.size, OFF_NONE, True, True)]
     assert by_nr[Escape.RM_CONTROL, 32].match == (Ctrl.FB_GET_INFO, Ctrl.FB_GET_INFO_V2)
     assert not by_nr[Escape.RM_CONTROL, 32].post
     # What the ledger charges, tracks or frees is what the driver reads: only
-    # the size queries, whose results are rewritten, go without a shadow.
+    # the FB size queries, whose results are rewritten, go without a shadow.
     assert {(r.nr, r.match) for r in filt.rules if not r.shadow} == {
-        (Escape.RM_VID_HEAP_CONTROL, (5,)),
         (Escape.RM_CONTROL, (Ctrl.FB_GET_INFO, Ctrl.FB_GET_INFO_V2))}
 
 
@@ -160,6 +162,82 @@ def test_alloc_memory_and_vid_heap(w: World) -> None:
     assert w.used("a", 1) == MIB
     assert w.upcall(1, nvos32(2, 0, GIB), nr=Escape.RM_VID_HEAP_CONTROL)[1] == (
         Verdict.fail_status(OOM, 20))
+
+
+def _tiled(client: int, parent: int, height: int, pitch: int, *, h_memory: int = 0,
+           size: int = 0, flags: int = 0) -> bytes:
+    """NVOS32 ALLOC_TILED_PITCH_HEIGHT; ``size`` is the field the driver ignores."""
+    values = [0] * 30
+    values[:3] = [client, parent, 6]
+    values[9], values[11], values[12], values[13], values[20] = (h_memory, flags, height,
+                                                                  pitch, size)
+    return L.NVOS32_TILED.struct.pack(*values)
+
+
+def _ranged(client: int, parent: int, size: int, begin: int = 0, end: int = 0, *,
+            h_memory: int = 0, flags: int = 0, status: int = 0) -> bytes:
+    values = [0] * 27
+    values[:3] = [client, parent, 14]
+    values[5] = status
+    values[9], values[11], values[17], values[21], values[22] = (h_memory, flags, size,
+                                                                  begin, end)
+    return L.NVOS32_RANGE.struct.pack(*values)
+
+
+def test_tiled_and_ranged_vid_heap_are_charged(w: World) -> None:
+    client, device, sub = setup_gpu(w, 1, gpu=1)
+    heap = Escape.RM_VID_HEAP_CONTROL
+    # height x pitch, whatever the size field says
+    uid, verdict = w.upcall(1, _tiled(client, device, 256, 4096, size=1), nr=heap)
+    assert verdict == ALLOW
+    w.post(1, uid, heap, _tiled(client, device, 256, 4096, h_memory=0x600))
+    assert w.used("a", 1) == MIB
+    uid, verdict = w.upcall(1, _ranged(client, sub, 3 * MIB, 0, 64 * MIB), nr=heap)
+    assert verdict == ALLOW
+    w.post(1, uid, heap, _ranged(client, sub, 3 * MIB, h_memory=0x601))
+    assert w.used("a", 1) == 4 * MIB
+    # refused as ALLOC_SIZE is, at NVOS32's status
+    assert w.upcall(1, _tiled(client, device, 1024, MIB), nr=heap)[1] == (
+        Verdict.fail_status(OOM, 20))
+    assert w.upcall(1, _ranged(client, device, GIB), nr=heap)[1] == Verdict.fail_status(OOM, 20)
+    # a negative pitch is a product near 2**64, as the driver computes it
+    assert w.upcall(1, _tiled(client, device, 1, -4096), nr=heap)[1] == (
+        Verdict.fail_status(OOM, 20))
+    # a failed call gives its reservation back; FREE and RM_FREE free them
+    uid, _ = w.upcall(1, _ranged(client, device, 8 * MIB), nr=heap)
+    w.post(1, uid, heap, _ranged(client, device, 8 * MIB, h_memory=0x602, status=OOM))
+    assert w.used("a", 1) == 4 * MIB
+    free = L.NVOS32.struct.pack(client, device, 3, *[0] * 6, 0x600, *[0] * 18)
+    uid, _ = w.upcall(1, free, nr=heap)
+    w.post(1, uid, heap, free)
+    assert w.free(1, client, 0x601) == ALLOW
+    assert w.used("a", 1) == 0
+
+
+def test_virtual_vid_heap_allocations_are_not_charged(w: World) -> None:
+    client, device, _ = setup_gpu(w, 1)
+    heap, virtual = Escape.RM_VID_HEAP_CONTROL, 0x80000
+    assert w.upcall(1, _tiled(client, device, 2**20, 2**20, flags=virtual), nr=heap)[1] == ALLOW
+    assert w.upcall(1, _ranged(client, device, 8 * GIB, flags=virtual), nr=heap)[1] == ALLOW
+    assert w.used("a") == 0
+
+
+@pytest.mark.parametrize("function", [0, 1, 4, 7, 13, 17, 19, 20, 21, 26, 28, 99, 2**32 - 1])
+def test_unknown_vid_heap_functions_are_refused(w: World, function: int) -> None:
+    """As the driver answers a function it has no handler for; HW_ALLOC (19) and
+    HW_FREE (20) too (see VID_HEAP_HARMLESS)."""
+    client, device, _ = setup_gpu(w, 1)
+    call = L.NVOS32.struct.pack(client, device, function, *[0] * 25)
+    assert w.upcall(1, call, nr=Escape.RM_VID_HEAP_CONTROL)[1] == Verdict.fail_status(
+        NvStatus.INVALID_ARGUMENT, 20)
+
+
+@pytest.mark.parametrize("function", [15, 16, 18, 27])
+def test_harmless_vid_heap_functions_pass(w: World, function: int) -> None:
+    client, device, _ = setup_gpu(w, 1)
+    call = L.NVOS32.struct.pack(client, device, function, *[0] * 25)
+    assert w.upcall(1, call, nr=Escape.RM_VID_HEAP_CONTROL)[1] == ALLOW
+    assert w.used("a") == 0
 
 
 def _fb_v2(entries: dict[int, int]) -> bytes:

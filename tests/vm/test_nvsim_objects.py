@@ -261,7 +261,7 @@ def test_vid_heap(nvsim_env, ctl):
     assert nv.vid_heap_free(ctl, t.client, t.device, h) == (0, nv.NV_OK)
     assert nv.vid_heap_free(ctl, t.client, t.device, h) == (0, nv.NV_ERR_INVALID_OBJECT_HANDLE)
     assert nv.vid_heap_alloc(ctl, t.client, t.device, cap)[1] == nv.NV_ERR_NO_MEMORY
-    assert nv.vid_heap(ctl, t.client, t.device, 99)[1] == nv.NV_ERR_INVALID_FUNCTION
+    assert nv.vid_heap(ctl, t.client, t.device, 99)[1] == nv.NV_ERR_INVALID_ARGUMENT
     assert nv.vid_heap(ctl, t.client, t.device, nv.NVOS32_FUNCTION_FREE,
                        nv.NVOS32_FREE.pack(0, h2, 0))[1] == nv.NV_ERR_INVALID_FLAGS
     assert nv.vid_heap(ctl, 0x0BAD0BAD, t.device, 5)[1] == nv.NV_ERR_INVALID_CLIENT

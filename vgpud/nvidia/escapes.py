@@ -121,15 +121,28 @@ FB_INFO_MAX_LIST_SIZE = 128
 
 
 class VidHeapFunction(IntEnum):
-    """NVOS32.function values that matter for memory accounting."""
+    """NVOS32.function: every function the driver has a handler for (nvos.h,
+    rmapi_deprecated_vidheapctrl.c); any other it answers NV_ERR_INVALID_ARGUMENT."""
 
     ALLOC_SIZE = 2
     FREE = 3
     INFO = 5
+    ALLOC_TILED_PITCH_HEIGHT = 6
+    ALLOC_SIZE_RANGE = 14
+    REACQUIRE_COMPR = 15
+    RELEASE_COMPR = 16
+    GET_MEM_ALIGNMENT = 18
+    HW_ALLOC = 19
+    HW_FREE = 20
+    ALLOC_OS_DESCRIPTOR = 27
 
 
 # NVOS32 AllocSize.flags: the allocation is a virtual range (not charged).
 NVOS32_ALLOC_FLAGS_VIRTUAL = 0x00080000
+# ... the handle is the caller's (hMemory), not generated.
+NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED = 0x00004000
+# ... ALLOC_SIZE and ALLOC_TILED_PITCH_HEIGHT honour rangeBegin..rangeEnd.
+NVOS32_ALLOC_FLAGS_USE_BEGIN_END = 0x00020000
 
 
 class Ctrl(IntEnum):

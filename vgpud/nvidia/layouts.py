@@ -22,6 +22,7 @@ from vgpud.nvidia.escapes import (
 )
 
 __all__ = [
+    "ALLOCATING_FUNCTIONS",
     "Call",
     "DecodeError",
     "DeviceAllocParams",
@@ -86,6 +87,30 @@ NVOS32 = CStruct(
     ("offset", "Q"), ("limit", "Q"), ("address", "Q"), ("rangeBegin", "Q"),
     ("rangeEnd", "Q"), ("attr2", "I"), ("ctagOffset", "I"), (None, "32x"),
 )
+# NVOS32 with its data union seen as AllocTiledPitchHeight (function 6): RM
+# ignores the size passed in and allocates height x pitch.
+NVOS32_TILED = CStruct(
+    "NVOS32_TILED_PARAMETERS",
+    ("hRoot", "I"), ("hObjectParent", "I"), ("function", "I"), ("hVASpace", "I"),
+    ("ivcHeapNumber", "h"), (None, "2x"), ("status", "I"), ("total", "Q"), ("free", "Q"),
+    ("owner", "I"), ("hMemory", "I"), ("type", "I"), ("flags", "I"), ("height", "I"),
+    ("pitch", "i"), ("attr", "I"), ("width", "I"), ("format", "I"), ("comprCovg", "I"),
+    ("zcullCovg", "I"), ("partitionStride", "I"), ("size", "Q"), ("alignment", "Q"),
+    ("offset", "Q"), ("limit", "Q"), ("address", "Q"), ("rangeBegin", "Q"),
+    ("rangeEnd", "Q"), ("attr2", "I"), ("ctagOffset", "I"), ("numaNode", "i"), (None, "28x"),
+)
+# NVOS32 with its data union seen as AllocSizeRange (function 14): its size lies
+# 8 bytes before AllocSize's, and its range before its address.
+NVOS32_RANGE = CStruct(
+    "NVOS32_RANGE_PARAMETERS",
+    ("hRoot", "I"), ("hObjectParent", "I"), ("function", "I"), ("hVASpace", "I"),
+    ("ivcHeapNumber", "h"), (None, "2x"), ("status", "I"), ("total", "Q"), ("free", "Q"),
+    ("owner", "I"), ("hMemory", "I"), ("type", "I"), ("flags", "I"), ("attr", "I"),
+    ("format", "I"), ("comprCovg", "I"), ("zcullCovg", "I"), ("partitionStride", "I"),
+    (None, "4x"), ("size", "Q"), ("alignment", "Q"), ("offset", "Q"), ("limit", "Q"),
+    ("rangeBegin", "Q"), ("rangeEnd", "Q"), ("address", "Q"), ("attr2", "I"),
+    ("ctagOffset", "I"), ("numaNode", "i"), (None, "36x"),
+)
 # NVOS32 with its data union seen as Info (function INFO): the heap's total and
 # free, and the largest free block (offset, size), all in bytes.
 NVOS32_INFO = CStruct(
@@ -129,9 +154,9 @@ NV2080_CTRL_FB_GET_INFO_V2_PARAMS = CStruct(
     ("fbInfoListSize", "I"), ("fbInfoList", f"{2 * FB_INFO_MAX_LIST_SIZE}I"),
 )
 
-LAYOUTS = (NVOS00, NVOS21, NVOS64, NVOS54, NVOS33_WITH_FD, NVOS02_WITH_FD, NVOS32, NVOS32_INFO,
-           NVOS55, NV_MEMORY_ALLOCATION_PARAMS, NV0080_ALLOC_PARAMETERS, FB_INFO_ENTRY,
-           NV2080_CTRL_FB_GET_INFO_PARAMS, NV2080_CTRL_FB_GET_INFO_V2_PARAMS)
+LAYOUTS = (NVOS00, NVOS21, NVOS64, NVOS54, NVOS33_WITH_FD, NVOS02_WITH_FD, NVOS32, NVOS32_TILED,
+           NVOS32_RANGE, NVOS32_INFO, NVOS55, NV_MEMORY_ALLOCATION_PARAMS, NV0080_ALLOC_PARAMETERS,
+           FB_INFO_ENTRY, NV2080_CTRL_FB_GET_INFO_PARAMS, NV2080_CTRL_FB_GET_INFO_V2_PARAMS)
 
 # Where `status` lies in each params block, by (escape, params size).
 _STATUS_OFFSETS: dict[tuple[int, int], int] = {
@@ -251,7 +276,9 @@ class RmAllocMemory(NamedTuple):
 
 
 class VidHeapAllocSize(NamedTuple):
-    """The AllocSize member of NVOS32's data union (function ALLOC_SIZE)."""
+    """An allocating NVOS32 function's data (AllocSize, AllocTiledPitchHeight or
+    AllocSizeRange): ``size`` is what the driver allocates (height x pitch for
+    ALLOC_TILED_PITCH_HEIGHT, whatever size was passed)."""
 
     owner: int
     h_memory: int
@@ -270,8 +297,8 @@ class VidHeapControl(NamedTuple):
     function: int
     h_va_space: int
     status: int
-    h_memory: int  # hMemory of ALLOC_SIZE and FREE (same offset in both)
-    alloc: VidHeapAllocSize | None  # function ALLOC_SIZE only
+    h_memory: int  # hMemory of the allocating functions and FREE (same offset in all)
+    alloc: VidHeapAllocSize | None  # the allocating functions (ALLOCATING_FUNCTIONS) only
 
 
 class RmDupObject(NamedTuple):
@@ -327,14 +354,44 @@ def _rm_control(params: bytes, data: bytes | None) -> RmControl:
 
 
 def _vid_heap(params: bytes, _data: bytes | None) -> VidHeapControl:
-    (h_root, h_parent, function, h_va_space, _ivc, status, _total, _free, owner, h_memory,
-     type_, flags, attr, _format, _compr, _zcull, _stride, _width, _height, size, alignment,
-     offset, _limit, _address, _begin, _end, attr2, _ctag) = NVOS32.unpack_exact(params)
-    alloc = None
-    if function == VidHeapFunction.ALLOC_SIZE:
-        alloc = VidHeapAllocSize(owner, h_memory, type_, flags, attr, attr2, size, alignment,
-                                 offset)
+    (h_root, h_parent, function, h_va_space, _ivc, status, _total, _free, _owner, h_memory,
+     *_rest) = NVOS32.unpack_exact(params)
+    decode = _VID_HEAP_ALLOCS.get(function)
+    alloc = None if decode is None else decode(params)
     return VidHeapControl(h_root, h_parent, function, h_va_space, status, h_memory, alloc)
+
+
+def _alloc_size(params: bytes) -> VidHeapAllocSize:
+    (*_head, owner, h_memory, type_, flags, attr, _format, _compr, _zcull, _stride, _width,
+     _height, size, alignment, offset, _limit, _address, _begin, _end, attr2,
+     _ctag) = NVOS32.unpack_exact(params)
+    return VidHeapAllocSize(owner, h_memory, type_, flags, attr, attr2, size, alignment, offset)
+
+
+def _alloc_tiled(params: bytes) -> VidHeapAllocSize:
+    (*_head, owner, h_memory, type_, flags, height, pitch, attr, _width, _format, _compr,
+     _zcull, _stride, _size, alignment, offset, _limit, _address, _begin, _end, attr2, _ctag,
+     _numa) = NVOS32_TILED.unpack_exact(params)
+    # As the driver computes it: a u64 product, the signed pitch taken mod 2**64.
+    size = height * pitch % 2**64
+    return VidHeapAllocSize(owner, h_memory, type_, flags, attr, attr2, size, alignment, offset)
+
+
+def _alloc_range(params: bytes) -> VidHeapAllocSize:
+    (*_head, owner, h_memory, type_, flags, attr, _format, _compr, _zcull, _stride, size,
+     alignment, offset, _limit, _begin, _end, _address, attr2, _ctag,
+     _numa) = NVOS32_RANGE.unpack_exact(params)
+    return VidHeapAllocSize(owner, h_memory, type_, flags, attr, attr2, size, alignment, offset)
+
+
+# The functions that allocate (through the same construct as RM_ALLOC of
+# NV01_MEMORY_LOCAL_USER), each with the decoder of its data union member.
+_VID_HEAP_ALLOCS: dict[int, Callable[[bytes], VidHeapAllocSize]] = {
+    VidHeapFunction.ALLOC_SIZE: _alloc_size,
+    VidHeapFunction.ALLOC_TILED_PITCH_HEIGHT: _alloc_tiled,
+    VidHeapFunction.ALLOC_SIZE_RANGE: _alloc_range,
+}
+ALLOCATING_FUNCTIONS = frozenset(_VID_HEAP_ALLOCS)
 
 
 _DECODERS: dict[int, Callable[[bytes, bytes | None], Call]] = {

@@ -81,7 +81,7 @@ from vgpud.policy.rules import (
     rm_control_cmds,
     rm_dup_object,
     rm_free,
-    rm_vid_heap_functions,
+    rm_vid_heap,
 )
 
 if TYPE_CHECKING:  # the policy calls the admin model; it needs none of its store
@@ -95,6 +95,24 @@ PAGE_SIZE = 4096
 TREE_CLASSES = frozenset({NvClass.ROOT_CLIENT, NvClass.DEVICE_0, NvClass.SUBDEVICE_0})
 FB_LIMIT_INDEXES = (FbInfoIndex.RAM_SIZE, FbInfoIndex.TOTAL_RAM_SIZE, FbInfoIndex.HEAP_SIZE,
                     FbInfoIndex.USABLE_RAM_SIZE)
+
+# VID_HEAP functions that make no video memory and free nothing behind the
+# ledger's back (rmapi_deprecated_vidheapctrl.c, 595.45.04):
+# - RELEASE_COMPR / REACQUIRE_COMPR: NV0041_CTRL_CMD_UPDATE_SURFACE_COMPRESSION
+#   on memory the caller already has;
+# - GET_MEM_ALIGNMENT: a query (NV2080_CTRL_CMD_FB_GET_MEM_ALIGNMENT);
+# - ALLOC_OS_DESCRIPTOR: NV01_MEMORY_SYSTEM_OS_DESCRIPTOR over the caller's own
+#   pages, host memory, passed uncharged through RM_ALLOC too.
+# Refused, with the driver's answer to a function it has no handler for
+# (NV_ERR_INVALID_ARGUMENT, RmDeprecatedVidHeapControl), so that to the tenant
+# it looks like a driver without it: any function not listed here, FREE,
+# INFO or an allocating one (layouts.ALLOCATING_FUNCTIONS); among the driver's,
+# HW_ALLOC (NV01_MEMORY_HW_RESOURCES, which the ledger does not size) and
+# HW_FREE (an RmFree of any handle, unseen by the ledger: a charged handle
+# freed that way could be reused by an allocation whose commit then fails).
+VID_HEAP_HARMLESS = frozenset({VidHeapFunction.RELEASE_COMPR, VidHeapFunction.REACQUIRE_COMPR,
+                               VidHeapFunction.GET_MEM_ALIGNMENT,
+                               VidHeapFunction.ALLOC_OS_DESCRIPTOR})
 
 DENY_EACCES = Verdict.deny(errno.EACCES)
 DENY_ENOMEM = Verdict.deny(errno.ENOMEM)
@@ -226,10 +244,9 @@ class QuotaPolicy:
                 rm_free(post=True, shadow=True),
                 rm_dup_object(post=True, shadow=True),
                 rm_alloc_memory_classes(charged, post=True, shadow=True),
-                rm_vid_heap_functions([VidHeapFunction.ALLOC_SIZE, VidHeapFunction.FREE],
-                                      post=True, shadow=True),
-                # Their results come back in a POST upcall (F_POST), not an event.
-                rm_vid_heap_functions([VidHeapFunction.INFO]),
+                # Every function: the unknown ones are refused here. INFO's
+                # results come back in a POST upcall (ALLOW_POST), not an event.
+                rm_vid_heap(post=True, shadow=True),
                 rm_control_cmds([Ctrl.FB_GET_INFO_V2, Ctrl.FB_GET_INFO]),
             ),
         )
@@ -454,12 +471,22 @@ class QuotaPolicy:
                              call.limit + 1, L.NVOS02_WITH_FD.offsets["status"])
 
     def _vid_heap(self, upcall: Upcall, tenant: str, call: VidHeapControl) -> Verdict:
-        if call.function == VidHeapFunction.FREE:
+        """ALLOC_SIZE, ALLOC_TILED_PITCH_HEIGHT and ALLOC_SIZE_RANGE are charged
+        (a virtual range is not), FREE and INFO as RM_FREE and FB_GET_INFO are;
+        the rest pass only when known not to make video memory (VID_HEAP_HARMLESS)."""
+        function = call.function
+        if function == VidHeapFunction.FREE:
             return self._rm_free(upcall, RmFree(call.h_root, call.h_parent, call.h_memory, 0))
-        if call.function == VidHeapFunction.INFO:
+        if function == VidHeapFunction.INFO:
             return self._view(upcall, tenant, Key(call.h_root, call.h_parent), _HeapInfo)
+        if function in VID_HEAP_HARMLESS:
+            return ALLOW
         alloc = call.alloc
-        if alloc is None or alloc.flags & NVOS32_ALLOC_FLAGS_VIRTUAL:
+        if alloc is None:
+            log.info("upcall %d: %s calls VID_HEAP function %d: refused", upcall.id, tenant,
+                     function)
+            return Verdict.fail_status(NvStatus.INVALID_ARGUMENT, L.NVOS32.offsets["status"])
+        if alloc.flags & NVOS32_ALLOC_FLAGS_VIRTUAL:
             return ALLOW
         return self._reserve(upcall, tenant, call.h_root, call.h_parent, alloc.h_memory,
                              alloc.size, L.NVOS32.offsets["status"])

@@ -26,7 +26,7 @@ __all__ = [
     "rm_control_cmds",
     "rm_dup_object",
     "rm_free",
-    "rm_vid_heap_functions",
+    "rm_vid_heap",
 ]
 
 _RM_NODES = 1 << Node.CTL
@@ -122,18 +122,11 @@ def rm_alloc_memory_classes(classes: Iterable[int], *, post: bool = False,
     )
 
 
-def rm_vid_heap_functions(functions: Iterable[int], *, post: bool = False,
-                          shadow: bool = False) -> Rule:
-    """RM_VID_HEAP_CONTROL (NVOS32) of these functions (ALLOC_SIZE, FREE...)."""
-    return Rule(
-        node_mask=_RM_NODES,
-        nr=Escape.RM_VID_HEAP_CONTROL,
-        size=NVOS32.size,
-        match_off=NVOS32.offsets["function"],
-        match=_keys(functions),
-        post=post,
-        shadow=shadow,
-    )
+def rm_vid_heap(*, post: bool = False, shadow: bool = False) -> Rule:
+    """Every RM_VID_HEAP_CONTROL (NVOS32), whatever its function: the policy
+    must see the functions it does not know, to refuse them."""
+    return Rule(node_mask=_RM_NODES, nr=Escape.RM_VID_HEAP_CONTROL, size=NVOS32.size,
+                post=post, shadow=shadow)
 
 
 def parse_filter_spec(spec: str) -> Filter:

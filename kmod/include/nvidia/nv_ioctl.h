@@ -157,11 +157,14 @@ struct nvos02_with_fd {
 	u32 pad2;
 };
 
-/* NVOS32: RM_VID_HEAP_CONTROL (only the fields nvsim reads or writes). */
+/* NVOS32: RM_VID_HEAP_CONTROL (only the data union members nvsim serves). */
 #define NVOS32_FUNCTION_ALLOC_SIZE		2
 #define NVOS32_FUNCTION_FREE			3
 #define NVOS32_FUNCTION_INFO			5
+#define NVOS32_FUNCTION_ALLOC_TILED_PITCH_HEIGHT	6
+#define NVOS32_FUNCTION_ALLOC_SIZE_RANGE	14
 #define NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED	0x00004000
+#define NVOS32_ALLOC_FLAGS_USE_BEGIN_END		0x00020000
 #define NVOS32_ALLOC_FLAGS_VIRTUAL			0x00080000
 #define NVOS32_FREE_FLAGS_MEMORY_HANDLE_PROVIDED	0x00000001
 
@@ -185,6 +188,58 @@ struct nvos32_alloc_size {
 	u64 address;
 	u64 range_begin;
 	u64 range_end;
+	u32 attr2;
+	u32 ctag_offset;
+	s32 numa_node;
+	u32 pad1;
+};
+
+/* ALLOC_TILED_PITCH_HEIGHT: as AllocSize, but RM computes size = height x pitch. */
+struct nvos32_alloc_tiled_pitch_height {
+	u32 owner;
+	u32 h_memory;
+	u32 type;
+	u32 flags;
+	u32 height;
+	s32 pitch;
+	u32 attr;
+	u32 width;
+	u32 format;
+	u32 compr_covg;
+	u32 zcull_covg;
+	u32 partition_stride;
+	u64 size;
+	u64 alignment;
+	u64 offset;
+	u64 limit;
+	u64 address;
+	u64 range_begin;
+	u64 range_end;
+	u32 attr2;
+	u32 ctag_offset;
+	s32 numa_node;
+	u32 pad0;
+};
+
+/* ALLOC_SIZE_RANGE: the range always applies; note size at 40, range before address. */
+struct nvos32_alloc_size_range {
+	u32 owner;
+	u32 h_memory;
+	u32 type;
+	u32 flags;
+	u32 attr;
+	u32 format;
+	u32 compr_covg;
+	u32 zcull_covg;
+	u32 partition_stride;
+	u32 pad0;
+	u64 size;
+	u64 alignment;
+	u64 offset;
+	u64 limit;
+	u64 range_begin;
+	u64 range_end;
+	u64 address;
 	u32 attr2;
 	u32 ctag_offset;
 	s32 numa_node;
@@ -217,6 +272,8 @@ struct nvos32 {
 	u64 free;
 	union {
 		struct nvos32_alloc_size alloc_size;
+		struct nvos32_alloc_tiled_pitch_height alloc_tiled;
+		struct nvos32_alloc_size_range alloc_range;
 		struct nvos32_free free;
 		struct nvos32_info info;
 		u8 raw[144];
