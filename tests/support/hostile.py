@@ -21,6 +21,14 @@ from tests.support.vgpud_proc import Daemon
 TENANT_UID = 1003
 TENANT_GID = 1003
 
+# What most attacks run against: one tenant "t" of 64 MiB, the tenant's uid.
+ONE_TENANT = f"""\
+[[tenant]]
+name = "t"
+memory = "64MiB"
+match = [{{ uid = {TENANT_UID} }}]
+"""
+
 
 def tenant_argv(code: str, *, userns: bool = False) -> list[str]:
     """argv that runs Python `code` as TENANT_UID (in a new user+mount namespace

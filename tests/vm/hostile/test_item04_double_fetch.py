@@ -29,7 +29,7 @@ import pytest
 
 from tests.support import nvclient as nv
 from tests.support.guest import ROOT
-from tests.support.hostile import TENANT_UID, spawn_tenant, start_daemon
+from tests.support.hostile import spawn_tenant
 from tests.support.nvsim import Fds, heap_free
 from tests.support.vgpud_proc import Daemon
 
@@ -38,12 +38,6 @@ pytestmark = pytest.mark.vm
 MIB = 2**20
 QUOTA = 64 * MIB
 SIZE = 16 * MIB
-TENANTS = """\
-[[tenant]]
-name = "t"
-memory = "64MiB"
-match = [{ uid = {uid} }]
-"""
 
 # The tenant builds its tree through vgpu, then hands the fd to the racer.
 TENANT = r"""
@@ -68,11 +62,6 @@ def racer() -> Iterator[Path]:
         yield exe
 
 
-@pytest.fixture
-def daemon(vgpu: Path, daemon_factory, tmp_path: Path) -> Iterator[Daemon]:
-    d = start_daemon(daemon_factory, tmp_path, TENANTS.replace("{uid}", str(TENANT_UID)))
-    yield d
-    print(d.log())
 
 
 class HeapSampler:

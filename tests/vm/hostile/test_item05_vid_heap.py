@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support import nvclient as nv
-from tests.support.hostile import TENANT_UID, run_tenant, spawn_tenant, start_daemon
+from tests.support.hostile import run_tenant, spawn_tenant
 from tests.support.nvsim import Fds, heap_free
 from tests.support.vgpud_proc import Daemon
 
@@ -34,12 +33,6 @@ MIB = 2**20
 QUOTA_MIB = 64
 DURATION = 10.0
 UNKNOWN = (1, 4, 7, 13, 99, 0xFFFFFFFF)  # no handler in the driver
-TENANTS = """\
-[[tenant]]
-name = "t"
-memory = "64MiB"
-match = [{ uid = {uid} }]
-"""
 
 # Alternates 4 MiB tiled (1024 x 4096, size field 0) and 4 MiB ranged
 # allocations, keeping what it gets; when refused, frees half and goes on.
@@ -82,11 +75,6 @@ print(json.dumps(seen))
 """
 
 
-@pytest.fixture
-def daemon(vgpu: Path, daemon_factory, tmp_path: Path) -> Iterator[Daemon]:
-    d = start_daemon(daemon_factory, tmp_path, TENANTS.replace("{uid}", str(TENANT_UID)))
-    yield d
-    print(d.log())
 
 
 def _flood(ctl: int, root: nv.Tree) -> tuple[dict[str, int], int, int]:

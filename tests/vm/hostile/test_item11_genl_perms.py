@@ -23,14 +23,13 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support import nvclient as nv
 from tests.support.guest import ROOT
-from tests.support.hostile import TENANT_GID, TENANT_UID, spawn_tenant, start_daemon
+from tests.support.hostile import ONE_TENANT, TENANT_GID, TENANT_UID, spawn_tenant, start_daemon
 from tests.support.nvsim import Fds, heap_free
 from tests.support.vgpu_genl import stats
 from tests.support.vgpud_proc import Daemon
@@ -40,12 +39,6 @@ pytestmark = pytest.mark.vm
 
 MIB = 2**20
 CAP_NET_ADMIN = 12
-TENANTS = """\
-[[tenant]]
-name = "t"
-memory = "64MiB"
-match = [{ uid = {uid} }]
-"""
 
 # Each line on stdin: allocate 48 MiB; answer errno and status.
 TENANT = r"""
@@ -129,11 +122,6 @@ def ask(tenant: subprocess.Popen[str]) -> list[int]:
     return json.loads(tenant.stdout.readline())
 
 
-@pytest.fixture
-def daemon(vgpu: Path, daemon_factory, tmp_path: Path) -> Iterator[Daemon]:
-    d = start_daemon(daemon_factory, tmp_path, TENANTS.replace("{uid}", str(TENANT_UID)))
-    yield d
-    print(d.log())
 
 
 def tenant_contexts() -> list[int]:
@@ -171,7 +159,7 @@ def test_net_admin_outside_the_host_pid_namespace_changes_nothing(
         print(f"in the restart gap: {in_gap}; the tenant's next 48 MiB: {during_gap};"
               f" nvsim holds {held()} MiB")
 
-        start_daemon(daemon_factory, tmp_path, TENANTS.replace("{uid}", str(TENANT_UID)))
+        start_daemon(daemon_factory, tmp_path, ONE_TENANT)
         restarted = stats()["daemon_portid"]
         after_restart = ask(tenant)
         print(f"daemon back on port {restarted}; the tenant's next 48 MiB: {after_restart};"

@@ -19,25 +19,18 @@ import errno
 import json
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support import nvclient as nv
-from tests.support.hostile import TENANT_UID, spawn_tenant, start_daemon
+from tests.support.hostile import spawn_tenant
 from tests.support.nvsim import Fds, heap_free
 from tests.support.vgpud_proc import Daemon
 
 pytestmark = pytest.mark.vm
 
 MIB = 2**20
-TENANTS = """\
-[[tenant]]
-name = "t"
-memory = "64MiB"
-match = [{ uid = {uid} }]
-"""
 
 # Each line on stdin: allocate 48 MiB; answer errno and status.
 TENANT = r"""
@@ -52,11 +45,6 @@ for _ in sys.stdin:
 """
 
 
-@pytest.fixture
-def daemon(vgpu: Path, daemon_factory, tmp_path: Path) -> Iterator[Daemon]:
-    d = start_daemon(daemon_factory, tmp_path, TENANTS.replace("{uid}", str(TENANT_UID)))
-    yield d
-    print(d.log())
 
 
 def ask(tenant, what: str = "go") -> list[int]:

@@ -14,13 +14,12 @@ each call and refused it, its heap did not move, and no upcall was sent.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support import nvclient as nv
-from tests.support.hostile import TENANT_UID, spawn_tenant, start_daemon
+from tests.support.hostile import spawn_tenant
 from tests.support.nvsim import Fds, heap_free
 from tests.support.vgpu_genl import stats
 from tests.support.vgpud_proc import Daemon
@@ -28,12 +27,6 @@ from tests.support.vgpud_proc import Daemon
 pytestmark = pytest.mark.vm
 
 ROUNDS = 200
-TENANTS = """\
-[[tenant]]
-name = "t"
-memory = "64MiB"
-match = [{ uid = {uid} }]
-"""
 
 # ROUNDS wrappers whose cmd has bits above the escape number, around a 16 MiB
 # RM_ALLOC of NV01_MEMORY_LOCAL_USER; then the same call wrapped properly.
@@ -58,11 +51,6 @@ input()  # holds the allocation until the test has looked
 """
 
 
-@pytest.fixture
-def daemon(vgpu: Path, daemon_factory, tmp_path: Path) -> Iterator[Daemon]:
-    d = start_daemon(daemon_factory, tmp_path, TENANTS.replace("{uid}", str(TENANT_UID)))
-    yield d
-    print(d.log())
 
 
 def test_wrapper_cmd_is_the_drivers_whole_value(daemon: Daemon, nvsim: Path) -> None:
