@@ -8,6 +8,7 @@ processes hold afterwards (`backing_fds`).
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -28,6 +29,28 @@ name = "t"
 memory = "64MiB"
 match = [{{ uid = {TENANT_UID} }}]
 """
+
+
+# A tenant that allocates 48 MiB for each line on its stdin and answers
+# [errno, status] (spawn_tenant with stdin=True; `ask` sends a line).
+ALLOC_48MIB_PER_LINE = r"""
+import json, os, sys
+from tests.support import nvclient as nv
+fd = os.open("/dev/vgpu/nvidiactl", os.O_RDWR)
+tree = nv.build_tree(fd)
+print("ready", flush=True)
+for _ in sys.stdin:
+    r = nv.alloc_memory(fd, tree.client, tree.subdevice, 48 << 20)
+    print(json.dumps([r.errno, r.status]), flush=True)
+"""
+
+
+def ask(tenant: subprocess.Popen[str]) -> list[int]:
+    """One line to an ALLOC_48MIB_PER_LINE tenant: its [errno, status]."""
+    assert tenant.stdin is not None and tenant.stdout is not None
+    tenant.stdin.write("go\n")
+    tenant.stdin.flush()
+    return json.loads(tenant.stdout.readline())
 
 
 def tenant_argv(code: str, *, userns: bool = False) -> list[str]:

@@ -29,7 +29,15 @@ import pytest
 
 from tests.support import nvclient as nv
 from tests.support.guest import ROOT
-from tests.support.hostile import ONE_TENANT, TENANT_GID, TENANT_UID, spawn_tenant, start_daemon
+from tests.support.hostile import (
+    ALLOC_48MIB_PER_LINE,
+    ONE_TENANT,
+    TENANT_GID,
+    TENANT_UID,
+    ask,
+    spawn_tenant,
+    start_daemon,
+)
 from tests.support.nvsim import Fds, heap_free
 from tests.support.vgpu_genl import stats
 from tests.support.vgpud_proc import Daemon
@@ -40,17 +48,6 @@ pytestmark = pytest.mark.vm
 MIB = 2**20
 CAP_NET_ADMIN = 12
 
-# Each line on stdin: allocate 48 MiB; answer errno and status.
-TENANT = r"""
-import json, os, sys
-from tests.support import nvclient as nv
-fd = os.open("/dev/vgpu/nvidiactl", os.O_RDWR)
-tree = nv.build_tree(fd)
-print("ready", flush=True)
-for _ in sys.stdin:
-    r = nv.alloc_memory(fd, tree.client, tree.subdevice, 48 << 20)
-    print(json.dumps([r.errno, r.status]), flush=True)
-"""
 
 PRELUDE = r"""
 import json, os, struct
@@ -115,11 +112,6 @@ def first_line(p: subprocess.Popen[str]) -> dict:
     return out
 
 
-def ask(tenant: subprocess.Popen[str]) -> list[int]:
-    assert tenant.stdin is not None and tenant.stdout is not None
-    tenant.stdin.write("go\n")
-    tenant.stdin.flush()
-    return json.loads(tenant.stdout.readline())
 
 
 
@@ -131,7 +123,7 @@ def tenant_contexts() -> list[int]:
 def test_net_admin_outside_the_host_pid_namespace_changes_nothing(
         daemon: Daemon, daemon_factory, tmp_path: Path, nvsim: Path) -> None:
     fds = Fds(nv.NvNodes(nvsim))
-    tenant = spawn_tenant(TENANT, stdin=True)
+    tenant = spawn_tenant(ALLOC_48MIB_PER_LINE, stdin=True)
     gap: subprocess.Popen[str] | None = None
     try:
         root = nv.build_tree(fds.ctl(), 0)

@@ -16,7 +16,6 @@ for 48 MiB again: it gets them, and nvsim holds exactly 48 MiB for it.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import signal
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import nvclient as nv
-from tests.support.hostile import spawn_tenant
+from tests.support.hostile import ALLOC_48MIB_PER_LINE, ask, spawn_tenant
 from tests.support.nvsim import Fds, heap_free
 from tests.support.vgpud_proc import Daemon
 
@@ -32,30 +31,15 @@ pytestmark = pytest.mark.vm
 
 MIB = 2**20
 
-# Each line on stdin: allocate 48 MiB; answer errno and status.
-TENANT = r"""
-import json, os, sys
-from tests.support import nvclient as nv
-fd = os.open("/dev/vgpu/nvidiactl", os.O_RDWR)
-tree = nv.build_tree(fd)
-print("ready", flush=True)
-for _ in sys.stdin:
-    r = nv.alloc_memory(fd, tree.client, tree.subdevice, 48 << 20)
-    print(json.dumps([r.errno, r.status]), flush=True)
-"""
 
 
 
 
-def ask(tenant, what: str = "go") -> list[int]:
-    tenant.stdin.write(what + "\n")
-    tenant.stdin.flush()
-    return json.loads(tenant.stdout.readline())
 
 
 def test_a_timed_out_allocation_gives_its_quota_back(daemon: Daemon, nvsim: Path) -> None:
     fds = Fds(nv.NvNodes(nvsim))
-    tenant = spawn_tenant(TENANT, stdin=True)
+    tenant = spawn_tenant(ALLOC_48MIB_PER_LINE, stdin=True)
     try:
         root = nv.build_tree(fds.ctl(), 0)
         free0 = heap_free(fds.fds[0], root)
