@@ -33,6 +33,8 @@
 #include <linux/moduleparam.h>
 #include <linux/mount.h>
 #include <linux/pseudo_fs.h>
+#include <linux/rcupdate.h>
+#include <linux/sched.h>
 #include <linux/stddef.h>
 #include <linux/sysfs.h>
 #include <linux/uaccess.h>
@@ -106,11 +108,15 @@ static int vgpu_proxy_release(struct inode *inode, struct file *file)
 	return 0;
 }
 
-/* Inert: no ioctl, mmap, read or write; a kept proxy can do nothing. */
+/*
+ * Inert: no ioctl, mmap, read or write; a kept proxy can do nothing. A
+ * proxy holds the module through .owner and through the emulated file it
+ * references; both are let go before the dput and mntput that end its
+ * __fput, which vgpu_fdx_exit() waits for.
+ */
 static const struct file_operations vgpu_proxy_fops = {
 	.owner		= THIS_MODULE,
 	.release	= vgpu_proxy_release,
-	.llseek		= no_llseek,
 };
 
 /* Its name in /proc/<pid>/fd; d_dname writes it at the end of @buf. */
@@ -143,14 +149,29 @@ static int vgpu_proxyfs_init_fs_context(struct fs_context *fc)
 }
 
 /*
+ * The superblock's end: in kern_unmount() at exit, or, when a proxy's
+ * __fput still held the mount then, in its last mntput. Written before
+ * vgpu_proxyfs_gone completes, read after.
+ */
+static DECLARE_COMPLETION(vgpu_proxyfs_gone);
+static struct task_struct *vgpu_proxyfs_killer;
+
+static void vgpu_proxyfs_kill_sb(struct super_block *sb)
+{
+	kill_anon_super(sb);
+	vgpu_proxyfs_killer = current;
+	complete(&vgpu_proxyfs_gone);
+}
+
+/*
  * No .owner: the mount lives from init to exit, and a superblock holding a
  * reference on its module would keep the module from unloading. Every
- * proxy holds a module reference instead (its f_op's owner).
+ * proxy holds the module instead (vgpu_proxy_fops).
  */
 static struct file_system_type vgpu_proxyfs_type = {
 	.name		= "vgpu_proxy",
 	.init_fs_context = vgpu_proxyfs_init_fs_context,
-	.kill_sb	= kill_anon_super,
+	.kill_sb	= vgpu_proxyfs_kill_sb,
 };
 
 /*
@@ -171,11 +192,8 @@ static struct file *vgpu_proxy_new(struct file *ours)
 	/* Not init_special_inode(): i_fop stays no_open, never the chrdev's. */
 	inode->i_mode = S_IFCHR | 0600;
 	inode->i_rdev = file_inode(b)->i_rdev;
-	inode->i_ctime = current_time(inode);
-	inode->i_atime = inode->i_ctime;
-	inode->i_mtime = inode->i_ctime;
 	inode->i_private = get_file(ours);
-	/* Dropped by the proxy's last fput (fops_put of its owner). */
+	/* The file's, dropped by its last fput (fops_put of .owner). */
 	__module_get(THIS_MODULE);
 	f = alloc_file_pseudo(inode, vgpu_proxy_mnt, "vgpu-proxy", O_RDWR,
 			      &vgpu_proxy_fops);
@@ -307,8 +325,17 @@ int vgpu_fdx_init(void)
 	return 0;
 }
 
-/* No proxy is left: each one holds a reference on the module. */
+/*
+ * No proxy is left open: each one holds the module (vgpu_proxy_fops). But
+ * the last one's __fput may still be between its module_put and its
+ * mntput: then the superblock dies there, not here. Wait for it, and for
+ * that task to leave the code that follows our kill_sb (it still reads
+ * vgpu_proxyfs_type), before the module's memory goes.
+ */
 void vgpu_fdx_exit(void)
 {
 	kern_unmount(vgpu_proxy_mnt);
+	wait_for_completion(&vgpu_proxyfs_gone);
+	if (vgpu_proxyfs_killer != current)
+		synchronize_rcu_tasks();
 }
