@@ -122,10 +122,12 @@ static int nvsim_check_version(struct nv_rm_api_version *p)
 }
 
 /*
- * Escape 201: link this file to a control file of ours.  As the real
- * driver: the fd must be an nvsim nvidiactl that is neither this file nor
- * itself linked, and a file links once.  Every refusal is -EINVAL.  The
- * link holds a reference on the control file until this file closes.
+ * Escape 201: link this file to a control file.  As the real driver: the
+ * fd must name a control device file of the driver (nv_get_file_private
+ * with ctl: major and minor 255) that is neither this file nor itself
+ * linked, and a file links once.  Every refusal is -EINVAL.  The link holds
+ * a reference on the control file until this file closes, and reads its
+ * private data later (nvsim_owner()).
  */
 static int nvsim_register_fd(struct file *file, struct nv_register_fd *p)
 {
@@ -134,14 +136,13 @@ static int nvsim_register_fd(struct file *file, struct nv_register_fd *p)
 	struct file *ctl;
 	int ret = 0;
 
-	ctl = fget(p->ctl_fd);
+	ctl = nvsim_file_get(p->ctl_fd, true, &target);
 	if (!ctl)
 		return -EINVAL;
-	if (!nvsim_is_own_file(ctl) || ctl == file) {
+	if (target == nf) {
 		fput(ctl);
 		return -EINVAL;
 	}
-	target = ctl->private_data;
 
 	mutex_lock(&nvsim_lock);
 	if (nf->ctl_file || target->kind != NVSIM_FILE_CTL || target->ctl_file)

@@ -96,9 +96,37 @@ static const struct file_operations nvsim_fops = {
 	.llseek = noop_llseek,
 };
 
-bool nvsim_is_own_file(struct file *file)
+/*
+ * The driver file a descriptor of the caller names, as NVIDIA's
+ * nv_get_file_private(): fget(@fd), then the file's inode must be a
+ * character device of nvsim's major with the control minor (@ctl) or a GPU
+ * minor, and its private data is then the per-file state. Like NVIDIA's,
+ * this trusts the device number, not the file operations: a file of
+ * another module that carries our device number is taken as ours.
+ *
+ * Return: the file, one reference held (fput() it), with *@nfp set; or
+ * NULL when @fd names no such file.
+ */
+struct file *nvsim_file_get(int fd, bool ctl, struct nvsim_file **nfp)
 {
-	return file->f_op == &nvsim_fops;
+	struct inode *inode;
+	struct file *f;
+	dev_t rdev;
+
+	f = fget(fd);
+	if (!f)
+		return NULL;
+	inode = file_inode(f);
+	rdev = READ_ONCE(inode->i_rdev);
+	if (!S_ISCHR(inode->i_mode) || MAJOR(rdev) != MAJOR(nvsim_devt) ||
+	    (ctl ? MINOR(rdev) != NVSIM_MINOR_CTL :
+		   MINOR(rdev) >= nvsim_ngpus) ||
+	    !f->private_data) {
+		fput(f);
+		return NULL;
+	}
+	*nfp = f->private_data;
+	return f;
 }
 
 static int nvsim_open(struct inode *inode, struct file *file)

@@ -195,7 +195,7 @@ struct nvsim_client {
 };
 
 /* main.c */
-bool nvsim_is_own_file(struct file *file);
+struct file *nvsim_file_get(int fd, bool ctl, struct nvsim_file **nfp);
 void nvsim_count_rm_call(void);
 
 /* ioctl.c */

@@ -1011,9 +1011,8 @@ static u32 nvsim_map_target(struct nvsim_file *nf, u32 hclient, u32 hdevice,
 }
 
 static u32 nvsim_map_locked(struct nvsim_file *nf, struct nvos33_with_fd *p,
-			    struct file *gfile)
+			    struct nvsim_file *gf)
 {
-	struct nvsim_file *gf;
 	struct nvsim_client *c;
 	struct nvsim_obj *dev, *mem;
 	struct nvsim_mapctx *ctx;
@@ -1037,10 +1036,12 @@ static u32 nvsim_map_locked(struct nvsim_file *nf, struct nvos33_with_fd *p,
 	if (c->owner->nobjs >= NVSIM_MAX_OBJECTS)
 		return NV_ERR_INSUFFICIENT_RESOURCES;
 
-	/* rm_create_mmap_context: the fd must be our nvidiaN of that GPU. */
-	if (!gfile || !nvsim_is_own_file(gfile))
+	/*
+	 * rm_create_mmap_context: the fd must be a GPU file of the driver
+	 * (nv_get_file_private without ctl), of that GPU.
+	 */
+	if (!gf)
 		return NV_ERR_INVALID_ARGUMENT;
-	gf = gfile->private_data;
 	if (gf->kind != NVSIM_FILE_GPU || gf->gpu != mem->gpu)
 		return NV_ERR_INVALID_ARGUMENT;
 	if (gf->mapctx)
@@ -1082,10 +1083,11 @@ static u32 nvsim_map_locked(struct nvsim_file *nf, struct nvos33_with_fd *p,
  */
 int nvsim_rm_map_memory(struct nvsim_file *nf, struct nvos33_with_fd *p)
 {
-	struct file *gfile = fget(p->fd);
+	struct nvsim_file *gf = NULL;
+	struct file *gfile = nvsim_file_get(p->fd, false, &gf);
 
 	mutex_lock(&nvsim_lock);
-	p->status = nvsim_map_locked(nf, p, gfile);
+	p->status = nvsim_map_locked(nf, p, gf);
 	mutex_unlock(&nvsim_lock);
 	if (gfile)
 		fput(gfile);

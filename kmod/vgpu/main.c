@@ -87,9 +87,10 @@ static void __init vgpu_check_abi(void)
 }
 
 /*
- * Three steps, undone in reverse order by the error path and by exit alike:
+ * Four steps, undone in reverse order by the error path and by exit alike:
  * the filter (the fast path's bitmap), the generic netlink family (the
- * daemon's way in), the emulated device files (the tenants' way in).
+ * daemon's way in), the proxies' filesystem (fdxlate.c), the emulated
+ * device files (the tenants' way in).
  */
 static int __init vgpu_init(void)
 {
@@ -100,14 +101,19 @@ static int __init vgpu_init(void)
 	err = vgpu_genl_init();
 	if (err)
 		goto err_filter;
-	err = vgpu_chardev_init();
+	err = vgpu_fdx_init();
 	if (err)
 		goto err_genl;
+	err = vgpu_chardev_init();
+	if (err)
+		goto err_fdx;
 	pr_info("vgpu: loaded, backing %s (%s, %s), protocol %u\n",
 		vgpu_backing_dir, vgpu_backing_driver, vgpu_backing_uvm_driver,
 		VGPU_PROTO_VERSION);
 	return 0;
 
+err_fdx:
+	vgpu_fdx_exit();
 err_genl:
 	vgpu_genl_exit();
 err_filter:
@@ -118,6 +124,7 @@ err_filter:
 static void __exit vgpu_exit(void)
 {
 	vgpu_chardev_exit();
+	vgpu_fdx_exit();
 	vgpu_genl_exit();
 	vgpu_filter_exit();
 }

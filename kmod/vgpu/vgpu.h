@@ -155,12 +155,16 @@ void vgpu_sched_exit(void);
 /**
  * struct vgpu_fdx - one fd argument translated for the duration of a call
  * @ours: our emulated file the caller named (referenced), NULL: none
- * @uptr: where the fd lies in the caller's params
+ * @proxy: the proxy installed at @tmp_fd (referenced), NULL: none
+ * @uptr: where the fd lies in the params, NULL: nothing translated
  * @orig_fd: the caller's fd number, restored after the call
- * @tmp_fd: the temporary fd of the backing file
+ * @tmp_fd: the temporary fd of the proxy
+ *
+ * Owned by one call, on its stack.
  */
 struct vgpu_fdx {
 	struct file *ours;
+	struct file *proxy;
 	int __user *uptr;
 	int orig_fd;
 	int tmp_fd;
@@ -170,6 +174,8 @@ int vgpu_fdx_prepare(struct vgpu_fdx *x, u32 node, u32 nr, u32 size,
 		     void __user *params);
 void vgpu_fdx_finish(struct vgpu_fdx *x);
 void vgpu_fdx_mark(unsigned long *map, u32 node);
+int vgpu_fdx_init(void);
+void vgpu_fdx_exit(void);
 
 /* shadow.c */
 /**

@@ -225,42 +225,48 @@ def test_fail_status_verdict_is_an_out_of_memory_without_a_driver_call(
             os.close(dctl)
 
 
-def test_mmap_through_vgpu_shares_pages_with_direct_mapping(vgpu: Path, nvsim: Path) -> None:
+def test_fd_arguments_through_vgpu_name_emulated_files_only(vgpu: Path, nvsim: Path) -> None:
+    """fd fields (REGISTER_FD, RM_MAP_MEMORY) name emulated files: the driver
+    sees a proxy of ours. A direct nvsim fd or /dev/null reaches it as -1 and
+    is refused; two emulated nvidia0 files map the same memory's pages."""
     nodes, direct = nv.NvNodes(str(vgpu)), nv.NvNodes(str(nvsim))
-    ctl, gpu = nodes.open_ctl(), nodes.open_gpu(0)
+    ctl, gpu, gpu2 = nodes.open_ctl(), nodes.open_gpu(0), nodes.open_gpu(0)
     dctl, dgpu = direct.open_ctl(), direct.open_gpu(0)
+    null = os.open("/dev/null", os.O_RDWR)
     maps: list[mmap.mmap] = []
     try:
-        # REGISTER_FD names the emulated ctl fd: vgpu translates it.
+        proxies0 = int(Path("/sys/module/vgpu/parameters/proxies").read_text())
+        # Neither a driver file the caller holds nor any other file passes.
+        assert nv.register_fd(gpu, dctl) == errno.EINVAL
+        assert nv.register_fd(gpu, null) == errno.EINVAL
+        # The emulated ctl fd is translated; the driver takes the proxy.
         assert nv.register_fd(gpu, ctl) == 0
+        # nvsim resolves as NVIDIA does: a control minor for REGISTER_FD.
         assert nv.register_fd(dgpu, dctl) == 0
-        # A file that is not a driver file is still refused by the driver.
-        null = os.open("/dev/null", os.O_RDWR)
-        try:
-            gpu2 = nodes.open_gpu(0)
-            assert nv.register_fd(gpu2, null) == errno.EINVAL
-            os.close(gpu2)
-        finally:
-            os.close(null)
+        assert nv.register_fd(gpu2, gpu) == errno.EINVAL
         tree = nv.build_tree(ctl)
         r = nv.alloc_memory(ctl, tree.client, tree.device, 2 * MiB)
         nv.must(r, "alloc")
-        # RM_MAP_MEMORY names the emulated nvidia0 fd: translated too.
+        for fd in (dgpu, null, ctl):
+            res = nv.rm_map_memory(ctl, tree.client, tree.device, r.handle, 0, 2 * MiB, fd)
+            assert (res.errno, res.status) == (0, nv.NV_ERR_INVALID_ARGUMENT), fd
+        # One mapping context per file: the same object through two files.
         _, m1 = nv.map_and_mmap(ctl, gpu, tree.client, tree.device, r.handle, 2 * MiB)
         maps.append(m1)
-        # nvsim maps only memory of clients of the calling process: map the
-        # same object straight through nvsim's own nvidia0, same process.
-        _, m2 = nv.map_and_mmap(ctl, dgpu, tree.client, tree.device, r.handle, 2 * MiB)
+        _, m2 = nv.map_and_mmap(ctl, gpu2, tree.client, tree.device, r.handle, 2 * MiB)
         maps.append(m2)
         m1[4096:4096 + 11] = b"hello nvsim"
         assert m2[4096:4096 + 11] == b"hello nvsim"
         m2[-5:] = b"back!"
         assert m1[-5:] == b"back!"
-        assert vgpu_stats()["mmaps"] >= 1
+        assert vgpu_stats()["mmaps"] >= 2
+        # A proxy per translated emulated fd: REGISTER_FD x2, RM_MAP_MEMORY x3.
+        proxies = int(Path("/sys/module/vgpu/parameters/proxies").read_text())
+        assert proxies - proxies0 >= 5
     finally:
         for m in maps:
             m.close()
-        for fd in (ctl, gpu, dctl, dgpu):
+        for fd in (ctl, gpu, gpu2, dctl, dgpu, null):
             os.close(fd)
 
 
