@@ -8,12 +8,14 @@ processes hold afterwards (`backing_fds`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
 import subprocess
 import sys
-from collections.abc import Callable, Iterable
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from tests.support.guest import ROOT
@@ -84,6 +86,17 @@ def run_tenant(code: str, *, userns: bool = False, cgroup: Path | None = None,
     p = spawn_tenant(code, userns=userns, cgroup=cgroup)
     out, err = p.communicate(timeout=timeout)
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+@contextlib.contextmanager
+def attacker_binary(name: str) -> Iterator[Path]:
+    """tests/support/NAME.c built (gcc -O2 -pthread) where the tenant's uid can run it."""
+    with tempfile.TemporaryDirectory() as d:
+        os.chmod(d, 0o755)
+        exe = Path(d) / name
+        subprocess.run(["gcc", "-O2", "-pthread", "-o", str(exe),
+                        str(ROOT / f"tests/support/{name}.c")], check=True)
+        yield exe
 
 
 def uid_pids(uid: int = TENANT_UID) -> list[int]:

@@ -20,36 +20,22 @@ node; at the end no call is in flight and no fd may have it at all.
 from __future__ import annotations
 
 import os
-import subprocess
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.guest import ROOT
-from tests.support.hostile import TENANT_UID, backing_fds, spawn_tenant, start_daemon, uid_pids
+from tests.support.hostile import attacker_binary, backing_fds, spawn_tenant, uid_pids
 from tests.support.vgpud_proc import Daemon
 
 pytestmark = pytest.mark.vm
 
-TENANTS = """\
-[[tenant]]
-name = "t"
-memory = "64MiB"
-match = [{ uid = {uid} }]
-"""
 
 
 @pytest.fixture(scope="module")
 def attacker() -> Iterator[Path]:
-    """attack_fdwin, built where the tenant's uid can run it."""
-    with tempfile.TemporaryDirectory() as d:
-        os.chmod(d, 0o755)
-        exe = Path(d) / "attack_fdwin"
-        subprocess.run(["gcc", "-O2", "-pthread", "-o", str(exe),
-                        str(ROOT / "tests/support/attack_fdwin.c")], check=True)
+    with attacker_binary("attack_fdwin") as exe:
         yield exe
 
 
@@ -116,10 +102,5 @@ def test_fd_window_without_daemon(vgpu: Path, nvsim: Path, attacker: Path) -> No
 
 
 def test_fd_window_with_daemon(vgpu: Path, nvsim: Path, attacker: Path,
-                               daemon_factory, tmp_path: Path) -> None:
-    d: Daemon = start_daemon(daemon_factory, tmp_path,
-                             TENANTS.replace("{uid}", str(TENANT_UID)))
-    try:
-        race(vgpu, nvsim, attacker)
-    finally:
-        print(d.log())
+                               daemon: Daemon) -> None:
+    race(vgpu, nvsim, attacker)

@@ -18,9 +18,6 @@ sampled during the race, never exceeds the quota.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,8 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import nvclient as nv
-from tests.support.guest import ROOT
-from tests.support.hostile import spawn_tenant
+from tests.support.hostile import attacker_binary, spawn_tenant
 from tests.support.nvsim import Fds, heap_free
 from tests.support.vgpud_proc import Daemon
 
@@ -53,12 +49,7 @@ print(out.strip())
 
 @pytest.fixture(scope="module")
 def racer() -> Iterator[Path]:
-    """attack_flip, built where the tenant's uid can run it."""
-    with tempfile.TemporaryDirectory() as d:
-        os.chmod(d, 0o755)
-        exe = Path(d) / "attack_flip"
-        subprocess.run(["gcc", "-O2", "-pthread", "-o", str(exe),
-                        str(ROOT / "tests/support/attack_flip.c")], check=True)
+    with attacker_binary("attack_flip") as exe:
         yield exe
 
 
