@@ -2,9 +2,11 @@
 #   make demo   boots a Debian kernel in QEMU with nvsim + vgpu + vgpud and
 #               shows the interception path working
 #   make test   lint, host tests, packaging checks and the VM tier
+#   make test-debug   the VM tier in a debug kernel (KASAN, lockdep, kmemleak),
+#               built once from Debian's linux-source-6.1 and cached
 # and one for a machine with a real NVIDIA GPU (docs/hardware.md):
 #   make gpu-check   facts, recorded traces and their replay check, under out/gpu-check
-.PHONY: deps modules nvtrace demo test test-host test-vm lint bench gpu-check \
+.PHONY: deps modules nvtrace demo test test-host test-vm test-debug lint bench gpu-check \
 	gpu-check-wheels clean
 
 deps:
@@ -28,6 +30,10 @@ test-host:
 
 test-vm: modules
 	scripts/test-vm
+
+# Not part of `make test`: the first run builds a kernel (docs/performance.md).
+test-debug: deps
+	scripts/test-debug
 
 lint:
 	.venv/bin/ruff check .

@@ -9,6 +9,7 @@ and cgroups).
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,6 +40,12 @@ from tests.support.vgpud_proc import Daemon
 # seconds (a Python process of the daemon or a workload starts in tens of s).
 VM_TEST_TIMEOUT_S = 900
 
+# Present only in the debug kernel of `make test-debug` (scripts/debug-guest
+# mounts debugfs); there every test file ends with a scan.
+KMEMLEAK = Path("/sys/kernel/debug/kmemleak")
+# kmemleak reports only objects older than 5 s.
+KMEMLEAK_MIN_AGE_S = 6
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if in_guest():
@@ -50,6 +57,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "vm" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kmemleak_scan() -> Iterator[None]:
+    """In a kernel with kmemleak: the file's tests left no unreferenced object."""
+    if not (in_guest() and KMEMLEAK.exists()):
+        yield
+        return
+    KMEMLEAK.write_text("clear")
+    yield
+    time.sleep(KMEMLEAK_MIN_AGE_S)
+    KMEMLEAK.write_text("scan")
+    report = KMEMLEAK.read_text()
+    assert "unreferenced object" not in report, f"kmemleak:\n{report}"
 
 
 @pytest.fixture
