@@ -80,7 +80,7 @@ def test_bad_nested_specs_are_refused_and_change_nothing(vg: Env) -> None:
             ([FB_RULE], [nested(0, 8, 0, 16385, 1)]),  # elem_size over PARAMS_MAX
             ([FB_RULE], [nested(0, 8, 0, 8, 0)]),  # max_count 0
             ([FB_RULE], [nested(0, 8, 0, 8, NESTED_MAX + 1)]),  # over NESTED_MAX
-            ([FB_RULE], [nested(0, 8, 0, 64, NESTED_MAX)]),  # the list over PARAMS_MAX
+            ([FB_RULE], [nested(0, 8, 0, 65, NESTED_MAX)]),  # the list over PARAMS_MAX
             ([FB_RULE], [nested(0, 8, 0, 8, 128, reserved=1)]),
             ([FB_RULE], [FB_NESTED, FB_NESTED]),  # two on one rule
             ([plain], [nested(0, 8, 0, 8, 128)]),  # a rule without a buffer
