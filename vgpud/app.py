@@ -34,7 +34,6 @@ from vgpud.core.ledger import Ledger
 from vgpud.core.observers import Observer, Topic
 from vgpud.host.cgroups import cgroup_path_by_id
 from vgpud.host.inventory import GpuInfo, discover
-from vgpud.host.procmem import ProcessMemory
 from vgpud.kernel.channel import ChannelError, GenlChannel
 from vgpud.kernel.codec import DecodeError
 from vgpud.policy.quota import QuotaPolicy
@@ -99,8 +98,7 @@ def build_quota(config_path: Path | None = None, dbus: str = "try",
     log.info("config %s: %d tenants, %d GPUs", config_path, len(manager.tenants), len(gpus))
     tracker = GroupTracker()
     journal = ChargeAndGroupJournal.resume(config.daemon.charges_path, ledger, groups=tracker)
-    quota = QuotaPolicy(manager, ledger, cgroup_path=cgroup_path_by_id(),
-                        memory=ProcessMemory())
+    quota = QuotaPolicy(manager, ledger, cgroup_path=cgroup_path_by_id())
     policy = SchedPolicy(quota, tracker)
     activity = choose_source([gpu.index for gpu in manager.gpus])
     scheduler = SchedulerService(manager, tracker, activity=activity)

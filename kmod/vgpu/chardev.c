@@ -143,6 +143,44 @@ static void *vgpu_copy_data(const struct vgpu_rule *r, const void *params,
 	return NULL;
 }
 
+/*
+ * Copies the nested list the rule's buffer @data points to, in the
+ * caller's context: the count is read once, from the module's copy of the
+ * buffer. Sets *flags on a count over the rule's max_count (nothing copied)
+ * or an unreadable list; never fails the call. A buffer too short to hold
+ * the pointer and the count, or a count of 0, has no list.
+ */
+static void *vgpu_copy_list(const struct vgpu_rule_nested *n,
+			    const void *data, u32 dlen, u64 *lptr, u32 *len,
+			    u32 *flags)
+{
+	void *list;
+	u32 count;
+
+	*len = 0;
+	if (!n->elem_size || !data || dlen < sizeof(u64) ||
+	    n->ptr_off > dlen - sizeof(u64) || n->count_off > dlen - sizeof(u32))
+		return NULL;
+	count = get_unaligned((const u32 *)(data + n->count_off));
+	*lptr = get_unaligned((const u64 *)(data + n->ptr_off));
+	if (count > n->max_count) {
+		*flags |= VGPU_UPCALL_F_DATA2_BIG;
+		return NULL;
+	}
+	if (!count)
+		return NULL;
+	/* count <= max_count: elem_size * count <= VGPU_PARAMS_MAX (filter.c) */
+	list = kvmalloc(count * n->elem_size, GFP_KERNEL);
+	if (list && !copy_from_user(list, u64_to_user_ptr(*lptr),
+				    count * n->elem_size)) {
+		*len = count * n->elem_size;
+		return list;
+	}
+	kvfree(list);
+	*flags |= VGPU_UPCALL_F_DATA2_FAULT;
+	return NULL;
+}
+
 /**
  * struct vgpu_slow - one slow-path call: its rule and its buffers
  * @rule: the rule that selected the call (its pointer field dropped when
@@ -151,13 +189,17 @@ static void *vgpu_copy_data(const struct vgpu_rule *r, const void *params,
  * @data: the rule's buffer as sent (@m.data_len bytes), or NULL
  * @dptr: where @data lies in the caller's memory, as the daemon saw it
  * @ptr_off: where @dptr lies in @params (when @data is set)
- * @reply: @m.params_len + @m.data_len bytes for a REPLY's blocks, or NULL;
- *	after an ALLOW, scratch until a POST upcall
+ * @nested: the rule's nested list (@elem_size 0: none)
+ * @list: the nested list as sent (@m.data2_len bytes), or NULL
+ * @lptr: where @list lies in the caller's memory, as the daemon saw it (in
+ *	@data at @nested.ptr_off)
+ * @reply: @m.params_len + @m.data_len + @m.data2_len bytes for a REPLY's
+ *	blocks, or NULL; after an ALLOW, scratch until a POST upcall
  * @m: the upcall
  *
- * After an allowed call, @params and @data hold the call's results, which
- * a POST event or upcall carries: read back from the shadow the driver
- * wrote.
+ * After an allowed call, @params, @data and @list hold the call's results,
+ * which a POST event or upcall carries: read back from the shadow the
+ * driver wrote.
  */
 struct vgpu_slow {
 	struct vgpu_rule rule;
@@ -165,6 +207,9 @@ struct vgpu_slow {
 	void *data;
 	u64 dptr;
 	u32 ptr_off;
+	struct vgpu_rule_nested nested;
+	void *list;
+	u64 lptr;
 	void *reply;
 	struct vgpu_upcall_msg m;
 };
@@ -180,6 +225,10 @@ static long vgpu_reply_write(const struct vgpu_call *c,
 		return -EFAULT;
 	if ((m->replied & VGPU_REPLIED_DATA) &&
 	    copy_to_user(u64_to_user_ptr(s->dptr), m->reply_data, m->data_len))
+		return -EFAULT;
+	if ((m->replied & VGPU_REPLIED_DATA2) &&
+	    copy_to_user(u64_to_user_ptr(s->lptr), m->reply_data2,
+			 m->data2_len))
 		return -EFAULT;
 	return 0;
 }
@@ -228,9 +277,10 @@ static long vgpu_post_upcall(const struct vgpu_call *c, struct vgpu_slow *s,
 /*
  * A call the module read (an allowed one, under any rule): the driver runs
  * on the blocks the daemon checked (shadow.c). Its results are read back into
- * @s's buffers (the caller's pointer put back in the params), then written
- * to the caller's params and, when the driver changed it, to the caller's
- * buffer. A block that cannot be read back is left out of @s->m. *dret is
+ * @s's buffers (the caller's pointers put back in the params and the
+ * buffer), then written to the caller's params and, when the driver changed
+ * them, to the caller's buffer and nested list. A block that cannot be read
+ * back is left out of @s->m. *dret is
  * the driver's return value, or the error that kept the driver from
  * running.
  *
@@ -246,9 +296,11 @@ static long vgpu_forward_shadow(struct vgpu_ctx *ctx,
 	struct nv_ioctl_xfer xfer = {};
 	bool wrapped = c->flags & VGPU_UPCALL_F_XFER;
 	struct vgpu_call sc = *c;
+	struct vgpu_shadow_list sl = {};
 	struct vgpu_shadow sh;
-	bool data_changed = false;
+	bool data_changed = false, list_changed = false;
 	void *after = m->reply_data;
+	void *after2 = m->reply_data2;
 	long ret;
 	int err;
 
@@ -256,9 +308,14 @@ static long vgpu_forward_shadow(struct vgpu_ctx *ctx,
 		xfer.cmd = c->xfer->cmd;
 		xfer.size = m->params_len;
 	}
+	if (s->data && s->list) {
+		sl.ptr_off = s->nested.ptr_off;
+		sl.list = s->list;
+		sl.len = m->data2_len;
+	}
 	err = vgpu_shadow_map(&sh, ctx, wrapped ? &xfer : NULL, s->params,
 			      m->params_len, s->data ? s->ptr_off : VGPU_OFF_NONE,
-			      s->data, m->data_len);
+			      s->data, m->data_len, sl.list ? &sl : NULL);
 	if (err) {
 		*dret = err;
 		return err;
@@ -280,9 +337,25 @@ static long vgpu_forward_shadow(struct vgpu_ctx *ctx,
 		if (vgpu_shadow_read_data(&sh, after, m->data_len)) {
 			m->data = NULL;
 			ret = -EFAULT;
-		} else if (memcmp(after, s->data, m->data_len)) {
-			memcpy(s->data, after, m->data_len);
-			data_changed = true;
+		} else {
+			/* The caller's list pointer, not the shadow's. */
+			if (sl.list)
+				put_unaligned(s->lptr,
+					      (u64 *)(after + sl.ptr_off));
+			if (memcmp(after, s->data, m->data_len)) {
+				memcpy(s->data, after, m->data_len);
+				data_changed = true;
+			}
+		}
+	}
+	if (sl.list) {
+		/* @after2: the REPLY's list, free until a POST upcall. */
+		if (vgpu_shadow_read_list(&sh, after2, m->data2_len)) {
+			m->data2 = NULL;
+			ret = -EFAULT;
+		} else if (memcmp(after2, s->list, m->data2_len)) {
+			memcpy(s->list, after2, m->data2_len);
+			list_changed = true;
 		}
 	}
 	vgpu_shadow_unmap(&sh);
@@ -291,6 +364,9 @@ static long vgpu_forward_shadow(struct vgpu_ctx *ctx,
 		ret = -EFAULT;
 	if (data_changed &&
 	    copy_to_user(u64_to_user_ptr(s->dptr), s->data, m->data_len))
+		ret = -EFAULT;
+	if (list_changed &&
+	    copy_to_user(u64_to_user_ptr(s->lptr), s->list, m->data2_len))
 		ret = -EFAULT;
 	return ret;
 }
@@ -318,6 +394,8 @@ static long vgpu_forward_checked(struct vgpu_ctx *ctx,
 		m->params_len = plen;
 		m->data = NULL;
 		s->data = NULL;
+		m->data2 = NULL;
+		s->list = NULL;
 	}
 	return vgpu_forward_shadow(ctx, c, s, &dret);
 }
@@ -345,7 +423,8 @@ static int vgpu_slow_prepare(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 		if (copy_from_user(s->params, c->params, copy_size))
 			return -EFAULT;
 	}
-	if (!vgpu_filter_match(c->node, c->nr, copy_size, s->params, r, &eff))
+	if (!vgpu_filter_match(c->node, c->nr, copy_size, s->params, r,
+			       &s->nested, &eff))
 		return 0;
 
 	vgpu_msg_init(m, ctx, VGPU_UPCALL_IOCTL);
@@ -365,12 +444,17 @@ static int vgpu_slow_prepare(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 		s->dptr = get_unaligned((const u64 *)(s->params + r->ptr_off));
 		s->ptr_off = r->ptr_off;
 	}
+	s->list = vgpu_copy_list(&s->nested, s->data, m->data_len, &s->lptr,
+				 &m->data2_len, &m->hdr.flags);
+	m->data2 = s->list;
 	if (eff || s->data) {
-		s->reply = kvmalloc((size_t)eff + m->data_len, GFP_KERNEL);
+		s->reply = kvmalloc((size_t)eff + m->data_len + m->data2_len,
+				    GFP_KERNEL);
 		if (!s->reply)
 			return -ENOMEM;
 		m->reply_params = eff ? s->reply : NULL;
 		m->reply_data = s->data ? s->reply + eff : NULL;
+		m->reply_data2 = s->list ? s->reply + eff + m->data_len : NULL;
 	}
 	return 1;
 }
@@ -455,6 +539,7 @@ static long vgpu_ioctl_slow(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 		ret = vgpu_slow_apply(ctx, c, &s, &v);
 out:
 	kvfree(s.reply);
+	kvfree(s.list);
 	kvfree(s.data);
 	kvfree(s.params);
 	return ret;

@@ -24,6 +24,7 @@
  * @n_rules: entries in @rules
  * @nr_map: per node kind, bit (nr & 0xff) set when some rule may match
  * @rcu: for kfree_rcu after a swap
+ * @nested: per rule, its nested list; @elem_size 0 when it has none
  * @rules: the rules, in the daemon's order (first match wins)
  */
 struct vgpu_filter {
@@ -31,6 +32,7 @@ struct vgpu_filter {
 	u32 n_rules;
 	DECLARE_BITMAP(nr_map[VGPU_NODE_KINDS], 256);
 	struct rcu_head rcu;
+	struct vgpu_rule_nested nested[VGPU_RULES_MAX];
 	struct vgpu_rule rules[];
 };
 
@@ -129,19 +131,71 @@ static int vgpu_rule_check(const struct vgpu_rule *r, const char **why)
 	return 0;
 }
 
+/*
+ * Checks @n's list against @f's rules and stores it with its rule. The
+ * list's pointer and count lie in the rule's buffer, which is at most
+ * VGPU_PARAMS_MAX bytes: a call whose buffer is shorter sends no list. The
+ * whole list, at most @max_count entries, is one netlink attribute and one
+ * block of a shadow: at most VGPU_PARAMS_MAX bytes.
+ */
+static int vgpu_nested_add(struct vgpu_filter *f,
+			   const struct vgpu_rule_nested *n, const char **why)
+{
+	if (n->rule >= f->n_rules) {
+		*why = "nested rule index out of range";
+		return -EINVAL;
+	}
+	if (f->rules[n->rule].ptr_off == VGPU_OFF_NONE) {
+		*why = "nested list on a rule without a buffer";
+		return -EINVAL;
+	}
+	if (f->nested[n->rule].elem_size) {
+		*why = "two nested lists on one rule";
+		return -EINVAL;
+	}
+	if (n->reserved) {
+		*why = "nested reserved must be 0";
+		return -EINVAL;
+	}
+	if (!vgpu_off_ok(n->ptr_off, sizeof(u64), 0) ||
+	    !vgpu_off_ok(n->count_off, sizeof(u32), 0)) {
+		*why = "nested ptr_off + 8 or count_off + 4 beyond the rule's buffer";
+		return -EINVAL;
+	}
+	if (!n->elem_size || n->elem_size > VGPU_PARAMS_MAX) {
+		*why = "nested elem_size must be 1..VGPU_PARAMS_MAX";
+		return -EINVAL;
+	}
+	if (!n->max_count || n->max_count > VGPU_NESTED_MAX) {
+		*why = "nested max_count must be 1..VGPU_NESTED_MAX";
+		return -EINVAL;
+	}
+	if (n->elem_size * n->max_count > VGPU_PARAMS_MAX) {
+		*why = "nested elem_size * max_count over VGPU_PARAMS_MAX";
+		return -EINVAL;
+	}
+	f->nested[n->rule] = *n;
+	return 0;
+}
+
 /**
  * vgpu_filter_set - validate and install a new filter, atomically
  * @flags: VGPU_FILTER_*
  * @rules: the rules (may be unaligned netlink payload)
  * @n_rules: how many
+ * @nested: the rules' nested lists, struct vgpu_rule_nested (may be
+ *	unaligned netlink payload)
+ * @n_nested: how many
  * @why: set to a message for the sender on error
  *
- * Return: 0, -EINVAL for an invalid rule, -ENOMEM.
+ * Return: 0, -EINVAL for an invalid rule or nested list (nothing changes),
+ * -ENOMEM.
  */
 int vgpu_filter_set(u32 flags, const void *rules, u32 n_rules,
-		    const char **why)
+		    const void *nested, u32 n_nested, const char **why)
 {
 	struct vgpu_filter *f, *old;
+	struct vgpu_rule_nested n;
 	struct vgpu_rule *r;
 	u32 i;
 	int err;
@@ -170,6 +224,19 @@ int vgpu_filter_set(u32 flags, const void *rules, u32 n_rules,
 			__set_bit(r->nr & 0xff, f->nr_map[VGPU_NODE_GPU]);
 		if (r->node_mask & BIT(VGPU_NODE_UVM))
 			__set_bit(r->nr & 0xff, f->nr_map[VGPU_NODE_UVM]);
+	}
+	if (n_nested > VGPU_RULES_MAX) {
+		*why = "more nested lists than VGPU_RULES_MAX";
+		kfree(f);
+		return -EINVAL;
+	}
+	for (i = 0; i < n_nested; i++) {
+		memcpy(&n, nested + i * sizeof(n), sizeof(n));
+		err = vgpu_nested_add(f, &n, why);
+		if (err) {
+			kfree(f);
+			return err;
+		}
 	}
 
 	mutex_lock(&vgpu_filter_mutex);
@@ -249,10 +316,12 @@ out:
  * @size: the call's params size (UVM: the number of bytes in @params)
  * @params: the kernel copy of the params
  * @out: the matching rule, copied
+ * @nested: that rule's nested list, copied (@elem_size 0: none)
  * @eff: the params size of the call under that rule
  */
 bool vgpu_filter_match(u32 node, u32 nr, u32 size, const void *params,
-		       struct vgpu_rule *out, u32 *eff)
+		       struct vgpu_rule *out, struct vgpu_rule_nested *nested,
+		       u32 *eff)
 {
 	const struct vgpu_rule *r;
 	struct vgpu_filter *f;
@@ -290,6 +359,7 @@ bool vgpu_filter_match(u32 node, u32 nr, u32 size, const void *params,
 		}
 		if (found) {
 			*out = *r;
+			*nested = f->nested[i];
 			*eff = len;
 		}
 	}

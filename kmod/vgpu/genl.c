@@ -30,6 +30,10 @@ static const struct nla_policy vgpu_nl_policy[VGPU_A_MAX + 1] = {
 	[VGPU_A_CURSOR]		= { .type = NLA_U64 },
 	/* Sized by vgpu_nl_schedule(), so that every bad size is -EINVAL. */
 	[VGPU_A_SCHED]		= { .type = NLA_BINARY },
+	[VGPU_A_NESTED]		= { .type = NLA_BINARY,
+				    .len = VGPU_RULES_MAX *
+					   sizeof(struct vgpu_rule_nested) },
+	[VGPU_A_DATA2]		= { .type = NLA_BINARY, .len = VGPU_PARAMS_MAX },
 };
 
 static struct genl_family vgpu_genl_family;
@@ -144,8 +148,9 @@ static int vgpu_nl_unregister(struct sk_buff *skb, struct genl_info *info)
 static int vgpu_nl_set_filter(struct sk_buff *skb, struct genl_info *info)
 {
 	const struct nlattr *rules = info->attrs[VGPU_A_RULES];
+	const struct nlattr *nested = info->attrs[VGPU_A_NESTED];
 	const char *why = NULL;
-	u32 flags = 0, n = 0;
+	u32 flags = 0, n = 0, nn = 0;
 	int err;
 
 	if (!vgpu_sender_is_daemon(info)) {
@@ -163,9 +168,19 @@ static int vgpu_nl_set_filter(struct sk_buff *skb, struct genl_info *info)
 		}
 		n = nla_len(rules) / sizeof(struct vgpu_rule);
 	}
-	err = vgpu_filter_set(flags, rules ? nla_data(rules) : NULL, n, &why);
+	if (nested) {
+		if (nla_len(nested) % sizeof(struct vgpu_rule_nested)) {
+			NL_SET_ERR_MSG_ATTR(info->extack, nested,
+					    "vgpu: NESTED length is not a multiple of struct vgpu_rule_nested");
+			return -EINVAL;
+		}
+		nn = nla_len(nested) / sizeof(struct vgpu_rule_nested);
+	}
+	err = vgpu_filter_set(flags, rules ? nla_data(rules) : NULL, n,
+			      nested ? nla_data(nested) : NULL, nn, &why);
 	if (err && why)
-		vgpu_extack(info->extack, rules, why);
+		vgpu_extack(info->extack, nested && strstr(why, "nested") ?
+			    nested : rules, why);
 	return err;
 }
 
@@ -230,6 +245,7 @@ static int vgpu_nl_verdict(struct sk_buff *skb, struct genl_info *info)
 {
 	const struct nlattr *params = info->attrs[VGPU_A_PARAMS];
 	const struct nlattr *data = info->attrs[VGPU_A_DATA];
+	const struct nlattr *data2 = info->attrs[VGPU_A_DATA2];
 	struct vgpu_blocks b = {};
 	struct vgpu_verdict v;
 	const char *why = NULL;
@@ -245,6 +261,10 @@ static int vgpu_nl_verdict(struct sk_buff *skb, struct genl_info *info)
 	if (data) {
 		b.data = nla_data(data);
 		b.data_len = nla_len(data);
+	}
+	if (data2) {
+		b.data2 = nla_data(data2);
+		b.data2_len = nla_len(data2);
 	}
 	err = vgpu_verdict(genl_info_net(info), info->snd_portid, &v, &b, &why);
 	if (err && why)
@@ -431,7 +451,7 @@ static struct genl_family vgpu_genl_family = {
 
 /*
  * Builds a kernel -> daemon message: the attribute @type holding @hlen
- * bytes at @head, then PARAMS and DATA when @b has them, then the cgroup
+ * bytes at @head, then PARAMS, DATA and DATA2 when @b has them, then the cgroup
  * path and the opener when given. Return: the message, or NULL when out of
  * memory.
  */
@@ -447,6 +467,7 @@ static struct sk_buff *vgpu_genl_msg(u8 cmd, int type, const void *head,
 	skb = genlmsg_new(nla_total_size(hlen) +
 			  nla_total_size(b->params_len) +
 			  nla_total_size(b->data_len) +
+			  nla_total_size(b->data2_len) +
 			  nla_total_size(cglen) +
 			  nla_total_size(sizeof(*opener)), GFP_KERNEL);
 	if (!skb)
@@ -456,6 +477,8 @@ static struct sk_buff *vgpu_genl_msg(u8 cmd, int type, const void *head,
 	    (b->params &&
 	     nla_put(skb, VGPU_A_PARAMS, b->params_len, b->params)) ||
 	    (b->data && nla_put(skb, VGPU_A_DATA, b->data_len, b->data)) ||
+	    (b->data2 &&
+	     nla_put(skb, VGPU_A_DATA2, b->data2_len, b->data2)) ||
 	    (cgroup && nla_put_string(skb, VGPU_A_CGROUP, cgroup)) ||
 	    (opener &&
 	     nla_put(skb, VGPU_A_OPENER, sizeof(*opener), opener))) {
@@ -473,6 +496,8 @@ struct sk_buff *vgpu_genl_upcall_skb(const struct vgpu_upcall_msg *m)
 		.params_len = m->params_len,
 		.data = m->data,
 		.data_len = m->data_len,
+		.data2 = m->data2,
+		.data2_len = m->data2_len,
 	};
 
 	return vgpu_genl_msg(VGPU_CMD_UPCALL, VGPU_A_UPCALL, &m->hdr,

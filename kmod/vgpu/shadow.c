@@ -8,11 +8,12 @@
  * Shadow calls (VGPU_RULE_F_SHADOW) hand the driver the blocks the daemon
  * checked:
  *
- *   [ xfer wrapper (XFER calls) | params | the rule's buffer ]
+ *   [ xfer wrapper (XFER calls) | params | the rule's buffer | its list ]
  *
  * The params are written as the upcall carried them, except that the
- * rule's pointer names the shadow's copy of its buffer; an XFER wrapper of
- * our own names the shadow params. The driver is called on the shadow, its
+ * rule's pointer names the shadow's copy of its buffer, and the buffer's
+ * pointer to its nested list (VGPU_A_NESTED) names the shadow's copy of the
+ * list; an XFER wrapper of our own names the shadow params. The driver is called on the shadow, its
  * results are read back, and the region is unmapped on every path.
  *
  * Every other IOCTL_XFER_CMD call gets a wrapper-only shadow: the wrapper
@@ -64,9 +65,12 @@ MODULE_PARM_DESC(shadow_calls, "VGPU_RULE_F_SHADOW calls handed to the driver on
 module_param_cb(shadows_live, &vgpu_gauge_ops, &vgpu_shadows_live, 0444);
 MODULE_PARM_DESC(shadows_live, "shadow regions mapped now, shadow calls and XFER wrappers (read-only)");
 
-/* The largest shadow: [wrapper | params | pad | buffer], whole pages. */
+/*
+ * The largest shadow: [wrapper | params | pad | buffer | pad | list], whole
+ * pages; a nested list is at most VGPU_PARAMS_MAX bytes (filter.c).
+ */
 #define VGPU_SHADOW_MAX	PAGE_ALIGN(sizeof(struct nv_ioctl_xfer) + \
-				   2 * VGPU_PARAMS_MAX + sizeof(u64))
+				   3 * VGPU_PARAMS_MAX + 2 * sizeof(u64))
 
 static unsigned long vgpu_shadow_mmap(size_t len)
 {
@@ -161,6 +165,8 @@ static void vgpu_shadow_fault(struct vgpu_shadow *sh)
  *	when the buffer is not shadowed (@data NULL)
  * @data: the rule's buffer as the upcall carried it, or NULL
  * @dlen: its length, at most VGPU_PARAMS_MAX
+ * @list: the buffer's nested list as the upcall carried it, or NULL; needs
+ *	@data, and its pointer within @dlen
  *
  * Return: 0, or a negative errno with nothing mapped: -ENOMEM (no room in
  * the caller's address space), -EFAULT (no mm, or the region could not be
@@ -169,28 +175,35 @@ static void vgpu_shadow_fault(struct vgpu_shadow *sh)
 int vgpu_shadow_map(struct vgpu_shadow *sh, struct vgpu_ctx *ctx,
 		    const struct nv_ioctl_xfer *xfer,
 		    const void *params, u32 plen, u32 ptr_off,
-		    const void *data, u32 dlen)
+		    const void *data, u32 dlen,
+		    const struct vgpu_shadow_list *list)
 {
 	size_t poff = xfer ? sizeof(*xfer) : 0;
 	size_t doff = ALIGN(poff + plen, sizeof(u64));
+	size_t loff = ALIGN(doff + dlen, sizeof(u64));
 	struct nv_ioctl_xfer wrap;
 	unsigned long base;
+	size_t end;
 	u64 dptr;
 	int err;
 
 	if (!plen || plen > VGPU_PARAMS_MAX || dlen > VGPU_PARAMS_MAX ||
 	    (data && (ptr_off == VGPU_OFF_NONE || plen < sizeof(u64) ||
-		      ptr_off > plen - sizeof(u64)))) {
+		      ptr_off > plen - sizeof(u64))) ||
+	    (list && (!data || !list->len || list->len > VGPU_PARAMS_MAX ||
+		      dlen < sizeof(u64) ||
+		      list->ptr_off > dlen - sizeof(u64)))) {
 		memset(sh, 0, sizeof(*sh));
 		return -EINVAL;		/* the caller checked: unreachable */
 	}
-	err = vgpu_shadow_alloc(sh, ctx,
-				PAGE_ALIGN(data ? doff + dlen : poff + plen));
+	end = list ? loff + list->len : data ? doff + dlen : poff + plen;
+	err = vgpu_shadow_alloc(sh, ctx, PAGE_ALIGN(end));
 	if (err)
 		return err;
 	base = sh->base;
 	sh->params = (void __user *)(base + poff);
 	sh->data = data ? (void __user *)(base + doff) : NULL;
+	sh->list = list ? (void __user *)(base + loff) : NULL;
 	sh->arg = xfer ? base : base + poff;
 
 	if (copy_to_user(sh->params, params, plen))
@@ -199,6 +212,12 @@ int vgpu_shadow_map(struct vgpu_shadow *sh, struct vgpu_ctx *ctx,
 		dptr = (u64)(unsigned long)sh->data;
 		if (copy_to_user(sh->data, data, dlen) ||
 		    copy_to_user(sh->params + ptr_off, &dptr, sizeof(dptr)))
+			goto err_unmap;
+	}
+	if (list) {
+		dptr = (u64)(unsigned long)sh->list;
+		if (copy_to_user(sh->list, list->list, list->len) ||
+		    copy_to_user(sh->data + list->ptr_off, &dptr, sizeof(dptr)))
 			goto err_unmap;
 	}
 	if (xfer) {
@@ -267,6 +286,21 @@ int vgpu_shadow_read_data(const struct vgpu_shadow *sh, void *data, u32 dlen)
 	if (!sh->data)
 		return -EFAULT;
 	return copy_from_user(data, sh->data, dlen) ? -EFAULT : 0;
+}
+
+/**
+ * vgpu_shadow_read_list - read back the nested list as the driver left it
+ * @sh: a mapped shadow with a list
+ * @list: receives @len bytes
+ * @len: as mapped
+ *
+ * Return: 0, or -EFAULT when the region could not be read.
+ */
+int vgpu_shadow_read_list(const struct vgpu_shadow *sh, void *list, u32 len)
+{
+	if (!sh->list)
+		return -EFAULT;
+	return copy_from_user(list, sh->list, len) ? -EFAULT : 0;
 }
 
 /* Unmaps the shadow, if mapped (a kept region is given back); safe twice. */

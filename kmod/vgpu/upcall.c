@@ -35,6 +35,9 @@
  * @data_len: size of the data sent (0: none), exact size of a REPLY's DATA
  * @reply_params: @params_len bytes of the waiter's, filled by a REPLY
  * @reply_data: @data_len bytes of the waiter's, filled by a REPLY
+ * @data2_len: size of the nested list sent (0: none), exact size of a
+ *	REPLY's DATA2
+ * @reply_data2: @data2_len bytes of the waiter's, filled by a REPLY
  * @replied: VGPU_REPLIED_* bits, what a REPLY filled
  * @done: completed, under the lock, by whoever unlinks @node other than
  *	the waiter
@@ -54,6 +57,8 @@ struct vgpu_req {
 	u32 data_len;
 	void *reply_params;
 	void *reply_data;
+	u32 data2_len;
+	void *reply_data2;
 	u32 replied;
 	struct completion done;
 	int err;
@@ -261,6 +266,8 @@ static void vgpu_req_init(struct vgpu_req *req, struct vgpu_upcall_msg *msg)
 		.data_len = msg->data ? msg->data_len : 0,
 		.reply_params = msg->reply_params,
 		.reply_data = msg->reply_data,
+		.data2_len = msg->data2 ? msg->data2_len : 0,
+		.reply_data2 = msg->reply_data2,
 	};
 	INIT_HLIST_NODE(&req->node);
 	init_completion(&req->done);
@@ -399,12 +406,14 @@ static int vgpu_verdict_check(const struct vgpu_verdict *v,
 		*why = "unknown verdict action";
 		return -EINVAL;
 	}
-	if (v->action == VGPU_VERDICT_REPLY && !b->params && !b->data) {
-		*why = "REPLY carries no PARAMS and no DATA";
+	if (v->action == VGPU_VERDICT_REPLY && !b->params && !b->data &&
+	    !b->data2) {
+		*why = "REPLY carries no PARAMS, DATA or DATA2";
 		return -EINVAL;
 	}
-	if (v->action != VGPU_VERDICT_REPLY && (b->params || b->data)) {
-		*why = "only a REPLY verdict carries PARAMS or DATA";
+	if (v->action != VGPU_VERDICT_REPLY &&
+	    (b->params || b->data || b->data2)) {
+		*why = "only a REPLY verdict carries PARAMS, DATA or DATA2";
 		return -EINVAL;
 	}
 	return 0;
@@ -462,6 +471,11 @@ static int vgpu_verdict_fits(const struct vgpu_req *req,
 			*why = "REPLY DATA must be as long as the DATA sent";
 			return -EINVAL;
 		}
+		if (b->data2 && (!req->data2_len || !req->reply_data2 ||
+				 b->data2_len != req->data2_len)) {
+			*why = "REPLY DATA2 must be as long as the DATA2 sent";
+			return -EINVAL;
+		}
 		return 0;
 	default:
 		return -EINVAL;	/* unreachable: vgpu_verdict_check() */
@@ -487,6 +501,10 @@ static void vgpu_req_answer_locked(struct vgpu_req *req,
 	if (b->data) {
 		memcpy(req->reply_data, b->data, b->data_len);
 		req->replied |= VGPU_REPLIED_DATA;
+	}
+	if (b->data2) {
+		memcpy(req->reply_data2, b->data2, b->data2_len);
+		req->replied |= VGPU_REPLIED_DATA2;
 	}
 	req->verdict = *v;
 	req->err = 0;

@@ -185,6 +185,7 @@ void vgpu_fdx_exit(void);
  * @arg: the ioctl argument that names the shadow (its wrapper or params)
  * @params: the shadow params, or NULL (a wrapper only)
  * @data: the shadow copy of the rule's buffer, or NULL
+ * @list: the shadow copy of the buffer's nested list, or NULL
  * @cache: the context's kept region, held by this call (its lock), or NULL
  *	for a region of the call's own
  *
@@ -197,18 +198,33 @@ struct vgpu_shadow {
 	unsigned long arg;
 	void __user *params;
 	void __user *data;
+	void __user *list;
+};
+
+/**
+ * struct vgpu_shadow_list - a nested list to shadow with a rule's buffer
+ * @ptr_off: offset of the list's u64 pointer in the buffer
+ * @list: the list as the upcall carried it
+ * @len: its length, 1..VGPU_PARAMS_MAX
+ */
+struct vgpu_shadow_list {
+	u32 ptr_off;
+	const void *list;
+	u32 len;
 };
 
 int vgpu_shadow_map(struct vgpu_shadow *sh, struct vgpu_ctx *ctx,
 		    const struct nv_ioctl_xfer *xfer,
 		    const void *params, u32 plen, u32 ptr_off,
-		    const void *data, u32 dlen);
+		    const void *data, u32 dlen,
+		    const struct vgpu_shadow_list *list);
 int vgpu_shadow_map_wrapper(struct vgpu_shadow *sh, struct vgpu_ctx *ctx,
 			    const struct nv_ioctl_xfer *xfer);
 void vgpu_shadow_release(struct vgpu_ctx *ctx);
 int vgpu_shadow_read_params(const struct vgpu_shadow *sh, void *params,
 			    u32 plen);
 int vgpu_shadow_read_data(const struct vgpu_shadow *sh, void *data, u32 dlen);
+int vgpu_shadow_read_list(const struct vgpu_shadow *sh, void *list, u32 len);
 void vgpu_shadow_unmap(struct vgpu_shadow *sh);
 
 /* upcall.c */
@@ -222,6 +238,7 @@ enum vgpu_outcome {
 /* What a REPLY verdict filled, struct vgpu_upcall_msg.replied */
 #define VGPU_REPLIED_PARAMS	BIT(0)
 #define VGPU_REPLIED_DATA	BIT(1)
+#define VGPU_REPLIED_DATA2	BIT(2)
 
 /**
  * struct vgpu_upcall_msg - one upcall as its sender builds it
@@ -230,10 +247,13 @@ enum vgpu_outcome {
  * @params_len: its length
  * @data: the rule's buffer sent, or NULL
  * @data_len: its length
+ * @data2: the nested list sent (VGPU_A_DATA2), or NULL
+ * @data2_len: its length
  * @cgroup: OPEN: the opener's cgroup path, or NULL
  * @opener: OPEN: more of the opener (VGPU_A_OPENER), or NULL
  * @reply_params: NULL, or @params_len bytes that a REPLY fills
  * @reply_data: NULL, or @data_len bytes that a REPLY fills
+ * @reply_data2: NULL, or @data2_len bytes that a REPLY fills
  * @replied: out: VGPU_REPLIED_* of the verdict returned
  */
 struct vgpu_upcall_msg {
@@ -242,10 +262,13 @@ struct vgpu_upcall_msg {
 	u32 params_len;
 	const void *data;
 	u32 data_len;
+	const void *data2;
+	u32 data2_len;
 	const char *cgroup;
 	const struct vgpu_opener *opener;
 	void *reply_params;
 	void *reply_data;
+	void *reply_data2;
 	u32 replied;
 };
 
@@ -255,12 +278,16 @@ struct vgpu_upcall_msg {
  * @params_len: its length
  * @data: VGPU_A_DATA, or NULL
  * @data_len: its length
+ * @data2: VGPU_A_DATA2, or NULL
+ * @data2_len: its length
  */
 struct vgpu_blocks {
 	const void *params;
 	u32 params_len;
 	const void *data;
 	u32 data_len;
+	const void *data2;
+	u32 data2_len;
 };
 
 int vgpu_upcall(struct vgpu_upcall_msg *msg, struct vgpu_verdict *v);
@@ -286,11 +313,12 @@ static inline bool vgpu_nr_hot(u32 node, u32 nr)
 
 void vgpu_filter_init(void);
 int vgpu_filter_set(u32 flags, const void *rules, u32 n_rules,
-		    const char **why);
+		    const void *nested, u32 n_nested, const char **why);
 bool vgpu_filter_wants(u32 flag);
 bool vgpu_filter_candidates(u32 node, u32 nr, u32 *size);
 bool vgpu_filter_match(u32 node, u32 nr, u32 size, const void *params,
-		       struct vgpu_rule *out, u32 *eff);
+		       struct vgpu_rule *out, struct vgpu_rule_nested *nested,
+		       u32 *eff);
 void vgpu_filter_exit(void);
 
 /* genl.c */

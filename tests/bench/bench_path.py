@@ -17,7 +17,11 @@ the two nodes it compares so that both see the same noise:
    responder at p50 and p99;
 3. allocation round trip: a 1 MiB memory allocation and its free through
    vgpud's slow path, against the same pair straight on nvsim; class 0x3F
-   plain and class 0x40 with shadow calls, interleaved call by call.
+   plain and class 0x40 with shadow calls, interleaved call by call;
+4. FB_GET_INFO (v1, its list behind a pointer) of a tenant with a limit
+   through vgpud's quota policy (the module copies the list up as DATA2 and
+   writes the REPLY's back: no process_vm_*), against the same call straight
+   on nvsim.
 
 Prints a table of figures; asserts nothing (see docs/performance.md).
 """
@@ -115,6 +119,44 @@ def miss_path(lat: Path, resp: Path, rule: str, args: argparse.Namespace) -> Non
     print(f"  ratio p50 {via[0] / direct[0]:.3f}  (target <= 1.3)\n")
 
 
+def fb_v1_ns(nodes: nv.NvNodes, count: int) -> tuple[list[int], dict[int, int]]:
+    """Sorted FB_GET_INFO (v1) times and the last answer (index -> KiB)."""
+    ctl = nodes.open_ctl()
+    try:
+        tree = nv.build_tree(ctl)
+        out: list[int] = []
+        vals: dict[int, int] = {}
+        for _ in range(count):
+            t0 = time.perf_counter_ns()
+            e, st, vals = nv.fb_get_info(ctl, tree.client, tree.subdevice,
+                                         [nv.FB_HEAP_SIZE, nv.FB_HEAP_FREE])
+            out.append(time.perf_counter_ns() - t0)
+            if e or st:
+                raise RuntimeError(f"FB_GET_INFO: errno {e}, status {st:#x}")
+        return sorted(out), vals
+    finally:
+        os.close(ctl)
+
+
+def fb_v1_path(tmp: Path, count: int) -> None:
+    """FB_GET_INFO v1 of a 1 GiB tenant (uid 0) through vgpud, against nvsim."""
+    config = tmp / "vgpud.toml"
+    config.write_text(f'[daemon]\nstate_path = "{tmp / "state.json"}"\n'
+                      f'charges_path = "{tmp / "charges"}"\n\n'
+                      '[[tenant]]\nname = "bench"\nmemory = "1GiB"\nmatch = [{ uid = 0 }]\n')
+    direct, _ = fb_v1_ns(nv.NvNodes("/dev/nvsim"), count)
+    d = Daemon("--config", str(config), "--no-dbus", log_level="warning").start()
+    try:
+        via, vals = fb_v1_ns(nv.NvNodes("/dev/vgpu"), count)
+    finally:
+        d.stop()
+    print("FB_GET_INFO v1 (list behind a pointer; IOCTL + POST upcall, REPLY DATA2)")
+    print(f"  direct nvsim  p50 {pct(direct, .5):9d} ns  p99 {pct(direct, .99):9d} ns")
+    print(f"  via vgpud     p50 {pct(via, .5):9d} ns  p99 {pct(via, .99):9d} ns"
+          f"  (the tenant saw HEAP_SIZE {vals.get(nv.FB_HEAP_SIZE)} KiB)")
+    print(f"  ratio p50 {pct(via, .5) / pct(direct, .5):.2f}\n")
+
+
 def pct(values: list[int], p: float) -> int:
     return values[min(len(values) - 1, int(len(values) * p))]
 
@@ -126,6 +168,8 @@ def main() -> None:
     ap.add_argument("--slow-calls", type=int, default=300)
     ap.add_argument("--allocs", type=int, default=300)
     ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--fb-calls", type=int, default=300)
+    ap.add_argument("--only-fb", action="store_true", help="the FB_GET_INFO v1 case alone")
     args = ap.parse_args()
 
     sh("insmod", str(ROOT / "kmod/nvsim/nvsim.ko"), "gpus=1", "mem_mib=4096")
@@ -135,6 +179,11 @@ def main() -> None:
     lat, resp = build(tmp)
     rule = f"ctl:0x2a:0:8:-:-:{CTRL:#x}"
     print(f"kernel {os.uname().release}, {os.cpu_count()} vCPUs (TCG)\n")
+    if args.only_fb:
+        fb_v1_path(tmp, args.fb_calls)
+        sh("rmmod", "vgpu")
+        sh("rmmod", "nvsim")
+        return
 
     fast = measure(lat, args.rounds, args.fast_calls)
     direct, via = fast["/dev/nvsim/nvidiactl"], fast["/dev/vgpu/nvidiactl"]
@@ -206,7 +255,8 @@ def main() -> None:
     print(f"  via vgpud     p50 {pct(plain, .5):9d} ns  p99 {pct(plain, .99):9d} ns")
     print(f"  vgpud+shadow  p50 {pct(shadow, .5):9d} ns  p99 {pct(shadow, .99):9d} ns")
     print(f"  ratio p50 {pct(plain, .5) / pct(direct, .5):.2f}, with shadow "
-          f"{pct(shadow, .5) / pct(direct, .5):.2f}")
+          f"{pct(shadow, .5) / pct(direct, .5):.2f}\n")
+    fb_v1_path(tmp, args.fb_calls)
 
     sh("rmmod", "vgpu")
     sh("rmmod", "nvsim")

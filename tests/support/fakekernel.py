@@ -43,12 +43,14 @@ def upcall_struct(**kw: int) -> bytes:
 
 
 def upcall_msg(params: bytes = b"", data: bytes | None = None, cgroup: str | None = None,
-               start_ns: int | None = None, **kw: int) -> bytes:
+               start_ns: int | None = None, data2: bytes | None = None, **kw: int) -> bytes:
     attrs = [attr(Attr.UPCALL, upcall_struct(**kw))]
     if kw.get("kind", uapi.UpcallKind.IOCTL) != uapi.UpcallKind.OPEN:
         attrs.append(attr(Attr.PARAMS, params))
     if data is not None:
         attrs.append(attr(Attr.DATA, data))
+    if data2 is not None:
+        attrs.append(attr(Attr.DATA2, data2))
     if cgroup is not None:
         attrs.append(attr(Attr.CGROUP, cgroup.encode() + b"\0"))
     if start_ns is not None:
@@ -138,7 +140,10 @@ def parse_filter(attrs: dict[int, bytes]) -> Filter:
     raw = attrs[Attr.RULES]
     rules = tuple(Rule.unpack(raw[i : i + uapi.RULE.size])
                   for i in range(0, len(raw), uapi.RULE.size))
-    return Filter(struct.unpack("=I", attrs[Attr.FILTER_FLAGS])[0], rules)
+    raw = attrs.get(Attr.NESTED, b"")
+    nested = tuple(uapi.RuleNested.unpack(raw[i : i + uapi.RULE_NESTED.size])
+                   for i in range(0, len(raw), uapi.RULE_NESTED.size))
+    return Filter(struct.unpack("=I", attrs[Attr.FILTER_FLAGS])[0], rules, nested)
 
 
 @dataclass
@@ -152,7 +157,8 @@ class FakeKernel:
     requests: list[int] = field(default_factory=list)
     filters: list[Filter] = field(default_factory=list)
     verdicts: asyncio.Queue = field(default_factory=asyncio.Queue)  # struct vgpu_verdict tuples
-    blocks: dict[int, tuple[bytes | None, bytes | None]] = field(default_factory=dict)  # REPLY
+    # REPLY: (PARAMS, DATA, DATA2)
+    blocks: dict[int, tuple[bytes | None, ...]] = field(default_factory=dict)
     late: bool = False  # answer every verdict with -ENOENT
     contexts: list[uapi.Context] = field(default_factory=list)  # live, for LIST_CONTEXTS
     list_page: int = uapi.LIST_MAX  # contexts per LIST_CONTEXTS reply
@@ -181,7 +187,8 @@ class FakeKernel:
         if cmd == Cmd.VERDICT:
             verdict = uapi.VERDICT.struct.unpack(attrs[Attr.VERDICT])
             if Attr.PARAMS in attrs or Attr.DATA in attrs:
-                self.blocks[verdict[0]] = (attrs.get(Attr.PARAMS), attrs.get(Attr.DATA))
+                self.blocks[verdict[0]] = (attrs.get(Attr.PARAMS), attrs.get(Attr.DATA),
+                                           attrs.get(Attr.DATA2))
             self.verdicts.put_nowait(verdict)
             if self.late:
                 self.send(ack_msg(buf, 2))

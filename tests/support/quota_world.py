@@ -21,7 +21,7 @@ from vgpud.kernel.uapi import ALLOW, VERDICT_F_POST, UpcallKind, Verdict, Verdic
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Escape
 from vgpud.policy.dispatch import Dispatcher
-from vgpud.policy.quota import CallerMemory, QuotaPolicy
+from vgpud.policy.quota import QuotaPolicy
 from vgpud.store.config import parse_config
 from vgpud.store.journal import ChargeAndGroupJournal, Identity
 from vgpud.store.state import RuntimeState
@@ -52,7 +52,7 @@ match = [{{ uid = 3000 }}]
 
 class World:
     def __init__(self, tmp: Path, default: str | None = None, *,
-                 memory: CallerMemory | None = None, journal: Path | None = None) -> None:
+                 journal: Path | None = None) -> None:
         text = CONFIG.format(state=tmp / "state.json")
         if default:
             text = text.replace("[daemon]\n", f'[daemon]\ndefault_tenant = "{default}"\n')
@@ -69,8 +69,7 @@ class World:
             journal, self.ledger, Identity("boot", "vgpu"))
         if self.journal is not None:
             self.ledger.observers.subscribe(self.journal)
-        self.policy = QuotaPolicy(self.manager, self.ledger, cgroup_path=self.cgroups.get,
-                                  memory=memory)
+        self.policy = QuotaPolicy(self.manager, self.ledger, cgroup_path=self.cgroups.get)
         self.d = Dispatcher(self.policy)
         self.ids = itertools.count(1)
         self.handles = itertools.count(0x1000)

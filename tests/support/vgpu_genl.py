@@ -32,6 +32,10 @@ OFF_NONE = 0xFFFFFFFF
 FILTER_OPEN, FILTER_UVM_MMAP = 1, 2
 UPCALL_OPEN, UPCALL_IOCTL, UPCALL_POST, UPCALL_MMAP = 1, 2, 3, 4
 F_XFER, F_DATA_FAULT, F_DATA_BIG = 1, 2, 4
+F_DATA2_FAULT, F_DATA2_BIG = 8, 16
+A_NESTED, A_DATA2 = 18, 19
+NESTED = struct.Struct("=6I")  # struct vgpu_rule_nested
+NESTED_MAX = 256
 ALLOW, DENY, FAIL_STATUS, REPLY = 1, 2, 3, 4
 VERDICT_F_POST = 1
 EVENT_POST, EVENT_CLOSE = 1, 2
@@ -60,6 +64,11 @@ def rule(nodes: int, nr: int, size: int = 0, match_off: int = OFF_NONE,
     return RULE.pack(nodes, nr, size, match_off, ptr_off, len_off, n, flags, *match)
 
 CTL = 1 << NODE_CTL
+
+
+def nested(rule_index: int, ptr_off: int, count_off: int, elem_size: int, max_count: int,
+           reserved: int = 0) -> bytes:
+    return NESTED.pack(rule_index, ptr_off, count_off, elem_size, max_count, reserved)
 
 
 def nla(t: int, data: bytes) -> bytes:
@@ -168,20 +177,26 @@ class Genl:
     def unregister(self) -> None:
         self.request(CMD_UNREGISTER, [])
 
-    def set_filter(self, rules: list[bytes], flags: int = 0, raw: bytes | None = None) -> None:
+    def set_filter(self, rules: list[bytes], flags: int = 0, raw: bytes | None = None,
+                   nests: list[bytes] | None = None) -> None:
         data = b"".join(rules) if raw is None else raw
-        self.request(CMD_SET_FILTER, [(A_FILTER_FLAGS, struct.pack("=I", flags)),
-                                      (A_RULES, data)])
+        attrs = [(A_FILTER_FLAGS, struct.pack("=I", flags)), (A_RULES, data)]
+        if nests is not None:
+            attrs.append((A_NESTED, b"".join(nests)))
+        self.request(CMD_SET_FILTER, attrs)
 
     def verdict(self, uid: int, action: int, error: int = 0, status: int = 0,
                 status_off: int = 0, flags: int = 0, reserved: int = 0,
-                params: bytes | None = None, data: bytes | None = None) -> None:
+                params: bytes | None = None, data: bytes | None = None,
+                data2: bytes | None = None) -> None:
         attrs = [(A_VERDICT, VERDICT.pack(uid, action, error, status, status_off, flags,
                                           reserved))]
         if params is not None:
             attrs.append((A_PARAMS, params))
         if data is not None:
             attrs.append((A_DATA, data))
+        if data2 is not None:
+            attrs.append((A_DATA2, data2))
         self.request(CMD_VERDICT, attrs)
 
     def stats(self) -> dict[str, int]:
@@ -209,12 +224,14 @@ def set_filter(rules: list[bytes], flags: int = 0) -> None:
 
 
 @contextlib.contextmanager
-def daemon(rules: list[bytes], flags: int = 0) -> Iterator[Genl]:
-    """A registered client with `rules` as the filter: the daemon, for a test."""
+def daemon(rules: list[bytes], flags: int = 0,
+           nests: list[bytes] | None = None) -> Iterator[Genl]:
+    """A registered client with `rules` (and their nested lists) as the filter:
+    the daemon, for a test."""
     g = Genl()
     try:
         g.register()
-        g.set_filter(rules, flags)
+        g.set_filter(rules, flags, nests=nests)
         yield g
     finally:
         g.close()

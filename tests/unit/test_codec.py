@@ -36,7 +36,12 @@ from vgpud.kernel.codec import (
     Upcall,
 )
 from vgpud.kernel.uapi import Attr, Cmd, Filter, Node, UpcallKind, Verdict, VerdictAction
-from vgpud.policy.rules import rm_alloc_classes, rm_control_cmds
+from vgpud.policy.rules import (
+    rm_alloc_classes,
+    rm_control_cmds,
+    rm_control_fb_get_info,
+    rm_free,
+)
 
 NVOS21 = struct.pack("=IIIIQII", 1, 2, 3, 0x40, 0x7F0000, 128, 0)
 UPCALL_ATTR = attr(Attr.UPCALL, upcall_struct(id=5))
@@ -388,3 +393,56 @@ def test_one_unpack_path_agrees_with_the_general_decoder(
 def test_allow_verdict_bytes_match_the_general_encoder(id_: int) -> None:
     enc = codec.VerdictEncoder(FAMILY)
     assert enc.encode(id_, uapi.ALLOW) == enc._encode(id_, uapi.ALLOW)
+
+
+# -- nested lists (VGPU_A_NESTED, VGPU_A_DATA2) ---------------------------
+
+
+@pytest.mark.parametrize("kind", [UpcallKind.IOCTL, UpcallKind.POST])
+def test_upcall_carries_the_nested_list(kind) -> None:
+    params = b"\1" * 32
+    msg = decode_one(upcall_msg(params, b"\2" * 16, data2=b"\3" * 40, kind=kind, id=6,
+                                flags=uapi.UPCALL_F_DATA2_BIG))
+    assert type(msg) is Upcall
+    assert (msg.params, msg.data, msg.data2) == (params, b"\2" * 16, b"\3" * 40)
+    assert msg.flags == uapi.UPCALL_F_DATA2_BIG
+    assert decode_one(upcall_msg(params, b"\2" * 16, kind=kind, id=6)).data2 is None
+
+
+def test_open_or_mmap_upcall_with_data2_is_malformed() -> None:
+    err = decode_one(upcall_msg(b"\0" * 24, data2=b"x", kind=UpcallKind.MMAP, id=7))
+    assert isinstance(err, DecodeError) and err.upcall_id == 7
+
+
+def test_set_filter_carries_nested_lists_by_rule_index() -> None:
+    nested = rm_control_fb_get_info()
+    filt = Filter(uapi.FILTER_OPEN, (*rm_alloc_classes([0x40]),)) + nested
+    assert filt.nested == (uapi.RuleNested(2, 8, 0, 8, 128),)  # shifted past the two rules
+    _, _, cmd, attrs = parse_request(codec.encode_set_filter(FAMILY, 4, filt))
+    assert cmd == Cmd.SET_FILTER
+    assert attrs[Attr.NESTED] == uapi.RULE_NESTED.struct.pack(2, 8, 0, 8, 128, 0)
+    assert parse_filter(attrs) == filt
+    # no nested list: no attribute
+    _, _, _, attrs = parse_request(codec.encode_set_filter(FAMILY, 4, Filter()))
+    assert Attr.NESTED not in attrs
+
+
+def test_filter_refuses_nested_lists_that_name_no_buffer() -> None:
+    rule = rm_control_cmds([1])
+    with pytest.raises(ValueError):
+        Filter(0, (rule,), (uapi.RuleNested(1, 8, 0, 8, 1),))  # no rule 1
+    with pytest.raises(ValueError):
+        Filter(0, (rule,), (uapi.RuleNested(0, 8, 0, 8, 1),) * 2)  # two on one rule
+    with pytest.raises(ValueError):
+        Filter(0, (rm_free(),), (uapi.RuleNested(0, 8, 0, 8, 1),))  # no buffer
+
+
+def test_reply_verdict_carries_data2() -> None:
+    buf = codec.VerdictEncoder(FAMILY).encode(9, Verdict.reply(data2=b"l" * 24))
+    _seq, _flags, cmd, attrs = parse_request(buf)
+    assert cmd == Cmd.VERDICT
+    assert (attrs.get(Attr.PARAMS), attrs.get(Attr.DATA), attrs[Attr.DATA2]) == (
+        None, None, b"l" * 24)
+    assert len(buf) % 4 == 0
+    with pytest.raises(ValueError):
+        Verdict.reply(data2=b"x" * (uapi.PARAMS_MAX + 1))

@@ -86,3 +86,9 @@ def test_unit_loads_the_module_outside_its_bounding_set() -> None:
     text = UNIT.read_text()
     assert "ExecStartPre=+/sbin/modprobe vgpu\n" in text
     assert "CAP_SYS_MODULE" not in text.split("CapabilityBoundingSet=")[1].split("\n")[0]
+
+
+def test_unit_keeps_only_net_admin() -> None:
+    """The daemon never touches tenant memory (issue 10 item 6): no CAP_SYS_PTRACE."""
+    bounding = UNIT.read_text().split("CapabilityBoundingSet=")[1].split("\n")[0]
+    assert bounding.split() == ["CAP_NET_ADMIN"]

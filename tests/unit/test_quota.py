@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import itertools
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,13 +13,14 @@ from hypothesis import strategies as st
 from tests.support.fakekernel import mmap_params
 from tests.support.quota_world import World, setup_gpu
 from vgpud.core.ledger import Key
-from vgpud.host.procmem import ProcessMemory
 from vgpud.kernel.uapi import (
     ALLOW,
     ALLOW_POST,
     FILTER_OPEN,
     FILTER_UVM_MMAP,
     OFF_NONE,
+    UPCALL_F_DATA2_BIG,
+    UPCALL_F_DATA2_FAULT,
     UPCALL_F_DATA_BIG,
     UPCALL_F_DATA_FAULT,
     Context,
@@ -60,12 +58,13 @@ def test_filter() -> None:
     # the allocations and FREE complete on POST events, INFO asks for a POST upcall.
     assert [(r.size, r.match_off, r.post, r.shadow) for r in heap] == [
         (L.NVOS32.size, OFF_NONE, True, True)]
-    assert by_nr[Escape.RM_CONTROL, 32].match == (Ctrl.FB_GET_INFO, Ctrl.FB_GET_INFO_V2)
+    control = [r.match for r in filt.rules if r.nr == Escape.RM_CONTROL]
+    assert control == [(Ctrl.FB_GET_INFO_V2,), (Ctrl.FB_GET_INFO,)]  # v1 with its list
     assert not by_nr[Escape.RM_CONTROL, 32].post
     # What the ledger charges, tracks or frees is what the driver reads: only
     # the FB size queries, whose results are rewritten, go without a shadow.
     assert {(r.nr, r.match) for r in filt.rules if not r.shadow} == {
-        (Escape.RM_CONTROL, (Ctrl.FB_GET_INFO, Ctrl.FB_GET_INFO_V2))}
+        (Escape.RM_CONTROL, (Ctrl.FB_GET_INFO,)), (Escape.RM_CONTROL, (Ctrl.FB_GET_INFO_V2,))}
 
 
 def test_open_resolves_or_refuses(w: World) -> None:
@@ -282,96 +281,86 @@ def test_fb_view_floor_and_unlimited_tenants(w: World) -> None:
     assert w.upcall(2, ctrl, _fb_v2({7: 1}), nr=Escape.RM_CONTROL)[1] == ALLOW
 
 
-# --- FB_GET_INFO (v1): the list is in the caller's memory ---
+# --- FB_GET_INFO (v1): the list behind a pointer, copied by the module (DATA2) ---
 
 
-def _fb_list(entries: dict[int, int]) -> ctypes.Array:
-    """A list as the driver leaves it in the caller's memory (here: ours)."""
-    return ctypes.create_string_buffer(
-        b"".join(L.FB_INFO_ENTRY.struct.pack(i, d) for i, d in entries.items()),
-        8 * len(entries))
+def _fb_list(entries: dict[int, int]) -> bytes:
+    """A list as the module copied it (VGPU_A_DATA2)."""
+    return b"".join(L.FB_INFO_ENTRY.struct.pack(i, d) for i, d in entries.items())
 
 
-def _list_entries(buf: ctypes.Array) -> dict[int, int]:
-    return dict(L.FB_INFO_ENTRY.struct.iter_unpack(buf.raw))
+def _list_entries(buf: bytes | None) -> dict[int, int]:
+    assert buf is not None
+    return dict(L.FB_INFO_ENTRY.struct.iter_unpack(buf))
 
 
-def _fb_v1(w: World, ctx: int, client: int, sub: int, count: int, pointer: int,
-           status: int = 0, **kw) -> Verdict:
-    """FB_GET_INFO upcall, then its POST upcall from caller ``caller_tgid``."""
+def _fb_v1_upcall(w: World, ctx: int, client: int, sub: int, count: int, pointer: int,
+                  data2: bytes | None, flags: int = 0) -> tuple[int, Verdict]:
     ctrl = L.NVOS54.struct.pack(client, sub, Ctrl.FB_GET_INFO, 0, 0x7F00, 16, 0)
     params = L.NV2080_CTRL_FB_GET_INFO_PARAMS.struct.pack(count, pointer)
-    uid, verdict = w.upcall(ctx, ctrl, params, nr=Escape.RM_CONTROL)
+    return w.upcall(ctx, ctrl, params, nr=Escape.RM_CONTROL, data2=data2, flags=flags)
+
+
+def _fb_v1(w: World, ctx: int, client: int, sub: int, entries: dict[int, int],
+           status: int = 0, data2: bytes | None = b"-") -> Verdict:
+    """FB_GET_INFO upcall, then its POST upcall with the driver's list `entries`."""
+    sent = _fb_list({i: 0 for i in entries})
+    uid, verdict = _fb_v1_upcall(w, ctx, client, sub, len(entries), 0x7F0000004000, sent)
     assert verdict == ALLOW_POST
     after = L.NVOS54.struct.pack(client, sub, Ctrl.FB_GET_INFO, 0, 0x7F00, 16, status)
-    kw.setdefault("caller_tgid", os.getpid())
-    return w.post_upcall(ctx, uid, Escape.RM_CONTROL, after, params, **kw)
+    params = L.NV2080_CTRL_FB_GET_INFO_PARAMS.struct.pack(len(entries), 0x7F0000004000)
+    return w.post_upcall(ctx, uid, Escape.RM_CONTROL, after, params,
+                         data2=_fb_list(entries) if data2 == b"-" else data2)
 
 
 DRIVER_FB = {7: 4 * GIB // KIB, 8: 4 * GIB // KIB, 9: 4 * GIB // KIB - 1, 0x10: 5,
              0x16: 3 * GIB // KIB, 0x20: 4 * GIB // KIB}
 
 
-def test_fb_get_info_v1_rewrites_the_callers_list(tmp_path: Path) -> None:
-    w = World(tmp_path, memory=ProcessMemory())
+def test_fb_get_info_v1_rule_names_its_list(w: World) -> None:
+    """The v1 rule is the only one with a nested list: the control params'
+    fbInfoList (@8) and fbInfoListSize (@0), entries of 8 bytes, at most 128."""
+    filt = w.policy.filter()
+    (nested,) = filt.nested
+    rule = filt.rules[nested.rule]
+    assert rule.match == (Ctrl.FB_GET_INFO,) and rule.nr == Escape.RM_CONTROL
+    assert (nested.ptr_off, nested.count_off, nested.elem_size, nested.max_count) == (
+        8, 0, 8, 128)
+    assert Ctrl.FB_GET_INFO not in {m for r in filt.rules if r is not rule for m in r.match}
+
+
+def test_fb_get_info_v1_rewrites_the_list_by_reply(w: World) -> None:
     client, device, sub = setup_gpu(w, 1)
     w.mem(1, client, device, 300 * MIB)
-    lst = _fb_list(DRIVER_FB)
-    assert _fb_v1(w, 1, client, sub, len(DRIVER_FB), ctypes.addressof(lst)) == ALLOW
-    # the same figures as FB_GET_INFO_V2 (shared code)
-    assert _list_entries(lst) == {7: GIB // KIB, 8: GIB // KIB, 9: GIB // KIB, 0x10: 5,
-                                  0x16: 724 * MIB // KIB, 0x20: GIB // KIB}
+    reply = _fb_v1(w, 1, client, sub, DRIVER_FB)
+    assert reply.action is VerdictAction.REPLY
+    assert reply.params is None and reply.data is None
+    # the same figures as FB_GET_INFO_V2 (shared code), in the same order
+    assert _list_entries(reply.data2) == {7: GIB // KIB, 8: GIB // KIB, 9: GIB // KIB, 0x10: 5,
+                                          0x16: 724 * MIB // KIB, 0x20: GIB // KIB}
+    assert [i for i, _ in L.FB_INFO_ENTRY.struct.iter_unpack(reply.data2)] == list(DRIVER_FB)
     # a failed control keeps the driver's answer
-    lst = _fb_list(DRIVER_FB)
-    assert _fb_v1(w, 1, client, sub, 6, ctypes.addressof(lst), status=0x1F) == ALLOW
-    assert _list_entries(lst) == DRIVER_FB
+    assert _fb_v1(w, 1, client, sub, DRIVER_FB, status=0x1F) == ALLOW
 
 
-def test_fb_get_info_v1_failures_keep_the_drivers_answer(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture,
-) -> None:
-    w = World(tmp_path, memory=ProcessMemory())
+def test_fb_get_info_v1_without_a_list_keeps_the_drivers_answer(w: World) -> None:
     client, _, sub = setup_gpu(w, 1)
-    lst = _fb_list(DRIVER_FB)
-    gone = subprocess.Popen(["true"])
-    gone.wait()
-    # the caller is gone, a bad pointer, a list longer than the driver allows, none
-    assert _fb_v1(w, 1, client, sub, 6, ctypes.addressof(lst), caller_tgid=gone.pid) == ALLOW
-    assert "No such process" in caplog.text
-    assert _fb_v1(w, 1, client, sub, 6, 8) == ALLOW
-    assert "Bad address" in caplog.text
-    assert _fb_v1(w, 1, client, sub, 129, ctypes.addressof(lst)) == ALLOW
-    assert _fb_v1(w, 1, client, sub, 0, ctypes.addressof(lst)) == ALLOW
-    assert _fb_v1(w, 1, client, sub, 6, 0) == ALLOW
-    assert _list_entries(lst) == DRIVER_FB
-    # without access to callers' memory, FB_GET_INFO is left alone
-    plain = World(tmp_path)
-    client, _, sub = setup_gpu(plain, 1)
-    assert _fb_v1(plain, 1, client, sub, 6, ctypes.addressof(lst)) == ALLOW
-    assert _list_entries(lst) == DRIVER_FB
+    # no DATA2 (a count of 0), or one that is not whole entries
+    assert _fb_v1(w, 1, client, sub, DRIVER_FB, data2=None) == ALLOW
+    assert _fb_v1(w, 1, client, sub, DRIVER_FB, data2=b"\0" * 12) == ALLOW
+    # nothing to change: no REPLY
+    assert _fb_v1(w, 1, client, sub, {0x10: 5}) == ALLOW
 
 
-def test_fb_get_info_v1_touches_only_the_list(tmp_path: Path) -> None:
-    class Recorder:
-        def __init__(self) -> None:
-            self.calls: list[tuple] = []
-
-        def read(self, pid: int, address: int, size: int) -> bytes:
-            self.calls.append(("read", pid, address, size))
-            return b"".join(L.FB_INFO_ENTRY.struct.pack(i, 1) for i in (0x16, 0x33, 7))
-
-        def write(self, pid: int, address: int, data: bytes) -> None:
-            self.calls.append(("write", pid, address, dict(L.FB_INFO_ENTRY.struct.iter_unpack(
-                data))))
-
-    memory = Recorder()
-    w = World(tmp_path, memory=memory)
+def test_fb_get_info_v1_list_the_module_could_not_copy_is_refused(w: World) -> None:
+    """Too long (DATA2_BIG) or unreadable (DATA2_FAULT): the driver must not read
+    the caller's list, so the call fails as the driver fails such a list."""
     client, _, sub = setup_gpu(w, 1)
-    assert _fb_v1(w, 1, client, sub, 3, 0x7F0000004000, caller_tgid=4321) == ALLOW
-    assert memory.calls == [
-        ("read", 4321, 0x7F0000004000, 24),
-        ("write", 4321, 0x7F0000004000, {0x16: GIB // KIB, 0x33: 1, 7: GIB // KIB}),
-    ]
+    status_off = L.NVOS54.offsets["status"]
+    _, v = _fb_v1_upcall(w, 1, client, sub, 129, 0x7F0000004000, None, UPCALL_F_DATA2_BIG)
+    assert v == Verdict.fail_status(NvStatus.INVALID_ARGUMENT, status_off)
+    _, v = _fb_v1_upcall(w, 1, client, sub, 6, 8, None, UPCALL_F_DATA2_FAULT)
+    assert v == Verdict.fail_status(NvStatus.INVALID_ADDRESS, status_off)
 
 
 # --- RM_VID_HEAP_CONTROL INFO ---

@@ -1,4 +1,5 @@
 """OS glue: ``inventory`` (the GPUs: nvsim's or NVML's), ``cgroups`` (cgroup
-paths from ids), ``systemd`` (sd_notify and the watchdog interval) and
-``procmem`` (another process's memory, for the FB_GET_INFO list).
+paths from ids) and ``systemd`` (sd_notify and the watchdog interval). The
+daemon never reads or writes a tenant's memory: what it must see of a call,
+the module copies in the caller's context.
 """

@@ -116,6 +116,7 @@ class Upcall(NamedTuple):
     params: bytes  # the ioctl params block (empty for OPEN, or when the module sent none)
     data: bytes | None  # the buffer the matching rule points to, when copied
     ret: int  # POST: the driver's return value; else 0
+    data2: bytes | None = None  # the nested list in that buffer (VGPU_A_DATA2), when copied
 
 
 class PostEvent(NamedTuple):
@@ -193,13 +194,14 @@ _ANY_ATTR = frozenset(range(1, _ATTR_MAX + 1))
 _UPCALL_ATTR_BITS = {
     int(kind): sum(1 << attr for attr in attrs) for kind, attrs in {
         UpcallKind.OPEN: (Attr.UPCALL, Attr.CGROUP, Attr.OPENER),
-        UpcallKind.IOCTL: (Attr.UPCALL, Attr.PARAMS, Attr.DATA),
-        UpcallKind.POST: (Attr.UPCALL, Attr.PARAMS, Attr.DATA),
+        UpcallKind.IOCTL: (Attr.UPCALL, Attr.PARAMS, Attr.DATA, Attr.DATA2),
+        UpcallKind.POST: (Attr.UPCALL, Attr.PARAMS, Attr.DATA, Attr.DATA2),
         UpcallKind.MMAP: (Attr.UPCALL, Attr.PARAMS),
     }.items()
 }
-_A_UPCALL, _A_PARAMS, _A_DATA, _A_CGROUP, _A_OPENER = (
-    int(a) for a in (Attr.UPCALL, Attr.PARAMS, Attr.DATA, Attr.CGROUP, Attr.OPENER))
+_A_UPCALL, _A_PARAMS, _A_DATA, _A_CGROUP, _A_OPENER, _A_DATA2 = (
+    int(a) for a in (Attr.UPCALL, Attr.PARAMS, Attr.DATA, Attr.CGROUP, Attr.OPENER,
+                     Attr.DATA2))
 _CMD_UPCALL, _CMD_EVENT = int(Cmd.UPCALL), int(Cmd.EVENT)
 _NLA_UNPACK = NLA_HDR.unpack_from
 _NLMSG_UNPACK = NLMSG_HDR.unpack_from
@@ -256,7 +258,7 @@ def _cgroup(raw: bytes) -> str:
 
 def _decode_upcall(buf: bytes, off: int, end: int) -> Upcall:
     """One walk over the attributes into locals: no dict, no slice of the header."""
-    head = params = data = cgroup = start_ns = None
+    head = params = data = data2 = cgroup = start_ns = None
     seen = 0
     pos = off
     if end - off >= _UPCALL_ATTR_LEN and _NLA_UNPACK(buf, off) == _UPCALL_NLA:  # the module's order
@@ -279,6 +281,8 @@ def _decode_upcall(buf: bytes, off: int, end: int) -> Upcall:
                 params = buf[pos + 4 : pos + nla_len]
             elif nla_type == _A_DATA:
                 data = buf[pos + 4 : pos + nla_len]
+            elif nla_type == _A_DATA2:
+                data2 = buf[pos + 4 : pos + nla_len]
             elif nla_type == _A_CGROUP:
                 cgroup = buf[pos + 4 : pos + nla_len]
             elif nla_type == _A_OPENER:
@@ -308,14 +312,15 @@ def _decode_upcall(buf: bytes, off: int, end: int) -> Upcall:
     opener = _new(Opener, (pid, tgid, uid, gid, cgroup_id,
                            None if cgroup is None else _cgroup(cgroup), start_ns))
     return _new(Upcall, (uid_, ctx_id, kind_e, node_e, minor, cmd, nr, flags, opener,
-                         caller_pid, caller_tgid, params or b"", data, ret))
+                         caller_pid, caller_tgid, params or b"", data, ret, data2))
 
 
 def _decode_call_upcall(buf: bytes, size: int) -> Upcall | None:
     """IOCTL and POST upcalls in the module's own layout, with one unpack.
 
     Headers, VGPU_A_UPCALL and the VGPU_A_PARAMS header that follows it, then
-    params, optionally VGPU_A_DATA, and nothing else. None: anything unusual,
+    params, optionally VGPU_A_DATA, and nothing else (a DATA2 goes to the general
+    decoder). None: anything unusual,
     which the general decoder then reads (and reports).
     """
     (nla_len, nla_type, upcall_id, ctx_id, cgroup_id, kind, node, minor, cmd, nr, flags,
@@ -339,7 +344,7 @@ def _decode_call_upcall(buf: bytes, size: int) -> Upcall | None:
     opener = _new(Opener, (pid, tgid, uid, gid, cgroup_id, None, None))
     return _new(Upcall, (upcall_id, ctx_id, _KIND_LIST[kind], _NODE_LIST[node], minor, cmd, nr,
                          flags, opener, caller_pid, caller_tgid, buf[_CALL_HEAD_SIZE:p_end],
-                         data, ret))
+                         data, ret, None))
 
 
 def _salvage_id(buf: bytes, off: int, end: int) -> int | None:
@@ -521,9 +526,12 @@ def encode_register(family_id: int, seq: int, version: int = uapi.PROTO_VERSION)
 
 
 def encode_set_filter(family_id: int, seq: int, filt: Filter) -> bytes:
-    """SET_FILTER with FILTER_FLAGS and RULES (always sent, empty for no rules)."""
+    """SET_FILTER with FILTER_FLAGS and RULES (always sent, empty for no rules),
+    and NESTED when a rule has a nested list."""
     rules = b"".join(rule.pack() for rule in filt.rules)
     attrs = [(Attr.FILTER_FLAGS, _U32.pack(filt.flags)), (Attr.RULES, rules)]
+    if filt.nested:
+        attrs.append((Attr.NESTED, b"".join(n.pack() for n in filt.nested)))
     return encode_request(family_id, Cmd.SET_FILTER, seq, attrs)
 
 
@@ -554,7 +562,8 @@ class VerdictEncoder:
 
     Sent with NLM_F_REQUEST only and seq 0: the hot path asks for no ACK; the
     kernel still reports a refused verdict as an NLMSG_ERROR echoing it. A
-    REPLY appends its VGPU_A_PARAMS / VGPU_A_DATA attributes after the struct.
+    REPLY appends its VGPU_A_PARAMS / VGPU_A_DATA / VGPU_A_DATA2 attributes after
+    the struct.
     """
 
     __slots__ = ("_allow_head", "_allow_tail", "_family_id", "_pack")
@@ -574,8 +583,8 @@ class VerdictEncoder:
         return self._encode(upcall_id, verdict)
 
     def _encode(self, upcall_id: int, verdict: Verdict) -> bytes:
-        action, error, status, status_off, flags, params, data = verdict
-        if params is None and data is None:
+        action, error, status, status_off, flags, params, data, data2 = verdict
+        if params is None and data is None and data2 is None:
             return self._pack(
                 _VERDICT_MSG_LEN, self._family_id, NLM_F_REQUEST, 0, 0,
                 _CMD_VERDICT, _GENL_VERSION, 0, _VERDICT_ATTR_LEN, _A_VERDICT,
@@ -586,6 +595,8 @@ class VerdictEncoder:
             blocks += _attr(_A_PARAMS, params)
         if data is not None:
             blocks += _attr(_A_DATA, data)
+        if data2 is not None:
+            blocks += _attr(_A_DATA2, data2)
         return self._pack(
             _VERDICT_MSG_LEN + len(blocks), self._family_id, NLM_F_REQUEST, 0, 0,
             _CMD_VERDICT, _GENL_VERSION, 0, _VERDICT_ATTR_LEN, _A_VERDICT,

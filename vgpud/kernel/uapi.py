@@ -316,25 +316,36 @@ class Rule:
 
 @dataclass(frozen=True, slots=True)
 class Filter:
-    """What the module should send up: VGPU_A_FILTER_FLAGS and VGPU_A_RULES."""
+    """What the module should send up: VGPU_A_FILTER_FLAGS, VGPU_A_RULES and
+    VGPU_A_NESTED (the lists behind pointers in rules' buffers, by rule index)."""
 
     flags: int = 0
     rules: tuple[Rule, ...] = ()
+    nested: tuple[RuleNested, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.rules) > RULES_MAX:
             raise ValueError(f"a filter holds at most {RULES_MAX} rules")
+        seen: set[int] = set()
+        for n in self.nested:
+            if not 0 <= n.rule < len(self.rules) or n.rule in seen:
+                raise ValueError(f"nested list on rule {n.rule}: no such rule, or a second")
+            if self.rules[n.rule].ptr_off == OFF_NONE:
+                raise ValueError(f"nested list on rule {n.rule}, which names no buffer")
+            seen.add(n.rule)
 
     def __add__(self, other: Filter) -> Filter:
-        return Filter(self.flags | other.flags, self.rules + other.rules)
+        shift = len(self.rules)
+        return Filter(self.flags | other.flags, self.rules + other.rules,
+                      self.nested + tuple(n._replace(rule=n.rule + shift) for n in other.nested))
 
 
 class Verdict(NamedTuple):
     """struct vgpu_verdict without its id (the channel adds the upcall's).
 
-    ``params`` / ``data`` are the blocks of a REPLY (VGPU_A_PARAMS /
-    VGPU_A_DATA), each exactly as long as the upcall's block of that name;
-    None leaves that block as it is.
+    ``params`` / ``data`` / ``data2`` are the blocks of a REPLY (VGPU_A_PARAMS /
+    VGPU_A_DATA / VGPU_A_DATA2: the rule's nested list), each exactly as long as
+    the upcall's block of that name; None leaves that block as it is.
     """
 
     action: VerdictAction
@@ -344,6 +355,7 @@ class Verdict(NamedTuple):
     flags: int = 0
     params: bytes | None = None
     data: bytes | None = None
+    data2: bytes | None = None
 
     @classmethod
     def deny(cls, error: int) -> Verdict:
@@ -358,14 +370,16 @@ class Verdict(NamedTuple):
         return cls(VerdictAction.FAIL_STATUS, 0, status, status_off)
 
     @classmethod
-    def reply(cls, params: bytes | None = None, data: bytes | None = None) -> Verdict:
-        """REPLY: write these blocks over the caller's params / the rule's buffer."""
-        if params is None and data is None:
-            raise ValueError("a REPLY carries params, data or both")
-        for block in (params, data):
+    def reply(cls, params: bytes | None = None, data: bytes | None = None,
+              data2: bytes | None = None) -> Verdict:
+        """REPLY: write these blocks over the caller's params / the rule's buffer /
+        its nested list."""
+        if params is None and data is None and data2 is None:
+            raise ValueError("a REPLY carries params, data or data2")
+        for block in (params, data, data2):
             if block is not None and len(block) > PARAMS_MAX:
                 raise ValueError(f"REPLY block of {len(block)} bytes")
-        return cls(VerdictAction.REPLY, params=params, data=data)
+        return cls(VerdictAction.REPLY, params=params, data=data, data2=data2)
 
 
 ALLOW = Verdict(VerdictAction.ALLOW)
@@ -487,6 +501,11 @@ class RuleNested(NamedTuple):
 
     def pack(self) -> bytes:
         return RULE_NESTED.struct.pack(*self, 0)
+
+    @classmethod
+    def unpack(cls, buf: bytes | memoryview) -> RuleNested:
+        *fields, _reserved = RULE_NESTED.unpack_exact(buf)
+        return cls(*fields)
 
 
 class ObjOpKind(IntEnum):

@@ -424,8 +424,8 @@ def rewrite_fb_info(entries: bytes, values: Mapping[int, int]) -> bytes | None:
     """A list of {index, data} entries (NV2080_CTRL_FB_INFO) with those named in
     ``values`` set (index -> data, clamped to u32); None when nothing changes.
 
-    The same for FB_GET_INFO_V2's inline list and FB_GET_INFO's list in the
-    caller's memory.
+    The same for FB_GET_INFO_V2's inline list and FB_GET_INFO's list (the
+    module's copy of the caller's, VGPU_A_DATA2).
     """
     if len(entries) % _FB_ENTRY.size:
         raise DecodeError(f"FB info list of {len(entries)} bytes")

@@ -141,14 +141,16 @@ def _check(verdict: Verdict, upcall: Upcall) -> None:
         raise ValueError(f"verdict flags {flags:#x} do not fit the upcall")
     if action is VerdictAction.FAIL_STATUS and verdict.status_off + 4 > len(upcall.params):
         raise ValueError(f"FAIL_STATUS at {verdict.status_off} does not fit the upcall")
-    params, data = verdict.params, verdict.data
+    params, data, data2 = verdict.params, verdict.data, verdict.data2
     if action is VerdictAction.REPLY:
-        if params is None and data is None:
+        if params is None and data is None and data2 is None:
             raise ValueError("REPLY without blocks")
         if params is not None and len(params) != len(upcall.params):
             raise ValueError(f"REPLY params of {len(params)} bytes, upcall's {len(upcall.params)}")
         if data is not None and (upcall.data is None or len(data) != len(upcall.data)):
             raise ValueError(f"REPLY data of {len(data)} bytes does not fit the upcall's")
-    elif params is not None or data is not None:
+        if data2 is not None and (upcall.data2 is None or len(data2) != len(upcall.data2)):
+            raise ValueError(f"REPLY data2 of {len(data2)} bytes does not fit the upcall's")
+    elif params is not None or data is not None or data2 is not None:
         raise ValueError("blocks only go with REPLY")
 

@@ -23,7 +23,7 @@ import struct
 from collections.abc import Callable, Iterable
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from vgpud.core.ledger import (
     Denied,
@@ -35,11 +35,14 @@ from vgpud.core.ledger import (
 )
 from vgpud.core.tenants import Opener, Tenant, UvmPolicy, resolve, start_ticks
 from vgpud.kernel.codec import AbandonedEvent, CloseEvent, Event, PostEvent, Upcall
+from vgpud.kernel.cstruct import DecodeError
 from vgpud.kernel.uapi import (
     ALLOW,
     ALLOW_POST,
     FILTER_OPEN,
     FILTER_UVM_MMAP,
+    UPCALL_F_DATA2_BIG,
+    UPCALL_F_DATA2_FAULT,
     UPCALL_F_DATA_BIG,
     UPCALL_F_DATA_FAULT,
     Context,
@@ -52,7 +55,6 @@ from vgpud.kernel.uapi import (
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import (
     DEVICE_MEMORY_CLASSES,
-    FB_INFO_MAX_LIST_SIZE,
     NVOS32_ALLOC_FLAGS_VIRTUAL,
     Ctrl,
     Escape,
@@ -79,6 +81,7 @@ from vgpud.policy.rules import (
     rm_alloc_classes,
     rm_alloc_memory_classes,
     rm_control_cmds,
+    rm_control_fb_get_info,
     rm_dup_object,
     rm_free,
     rm_vid_heap,
@@ -87,7 +90,7 @@ from vgpud.policy.rules import (
 if TYPE_CHECKING:  # the policy calls the admin model; it needs none of its store
     from vgpud.admin.manager import Manager
 
-__all__ = ["PAGE_SIZE", "CallerMemory", "QuotaPolicy"]
+__all__ = ["PAGE_SIZE", "QuotaPolicy"]
 
 log = logging.getLogger(__name__)
 
@@ -192,14 +195,6 @@ class _HeapInfo:
 _Pending = _Charge | _Track | _Free | _Dup | _FbView | _HeapInfo
 
 
-class CallerMemory(Protocol):
-    """Access to a blocked caller's memory (vgpud.host.procmem.ProcessMemory)."""
-
-    def read(self, pid: int, address: int, size: int) -> bytes: ...
-
-    def write(self, pid: int, address: int, data: bytes) -> None: ...
-
-
 class QuotaPolicy:
     """Memory quotas, the virtualized FB view and the UVM policy (see the module doc)."""
 
@@ -209,14 +204,10 @@ class QuotaPolicy:
         ledger: Ledger,
         *,
         cgroup_path: Callable[[int], str | None] | None = None,
-        memory: CallerMemory | None = None,
     ) -> None:
-        """``memory``: reads and writes a blocked caller's memory (the FB_GET_INFO
-        list); without it FB_GET_INFO keeps the driver's answer."""
         self.manager = manager
         self.ledger = ledger
         self._cgroup_path = cgroup_path
-        self._memory = memory
         # ctx -> tenant (None: refused); contexts already in the ledger were
         # restored from the charge journal.
         self._contexts: dict[int, str | None] = dict(ledger.contexts())
@@ -247,9 +238,11 @@ class QuotaPolicy:
                 # Every function: the unknown ones are refused here. INFO's
                 # results come back in a POST upcall (ALLOW_POST), not an event.
                 rm_vid_heap(post=True, shadow=True),
-                rm_control_cmds([Ctrl.FB_GET_INFO_V2, Ctrl.FB_GET_INFO]),
+                rm_control_cmds([Ctrl.FB_GET_INFO_V2]),
             ),
-        )
+            # FB_GET_INFO (v1): its list, behind a pointer in the control
+            # params, comes up as VGPU_A_DATA2 and is rewritten by a REPLY.
+        ) + rm_control_fb_get_info()
 
     def decide(self, request: Request) -> Verdict:
         upcall = request.upcall
@@ -610,6 +603,15 @@ class QuotaPolicy:
         cmd = call.cmd
         if (cmd != Ctrl.FB_GET_INFO_V2 and cmd != Ctrl.FB_GET_INFO) or upcall.data is None:
             return ALLOW
+        if cmd == Ctrl.FB_GET_INFO and upcall.flags & (UPCALL_F_DATA2_BIG | UPCALL_F_DATA2_FAULT):
+            # The module has no copy of the list: the driver must not read the
+            # caller's. Refused as the driver refuses such a list.
+            status_off = L.status_offset(upcall.nr, len(upcall.params))
+            if status_off is not None:
+                bad = (NvStatus.INVALID_ARGUMENT if upcall.flags & UPCALL_F_DATA2_BIG
+                       else NvStatus.INVALID_ADDRESS)
+                return Verdict.fail_status(bad, status_off)
+            return DENY_EINVAL
         return self._view(upcall, tenant, Key(call.h_client, call.h_object), _FbView)
 
     def _view(self, upcall: Upcall, tenant: str, target: Key,
@@ -642,26 +644,23 @@ class QuotaPolicy:
         values: dict[int, int] = dict.fromkeys(FB_LIMIT_INDEXES, usage.limit // 1024)
         values[FbInfoIndex.HEAP_FREE] = usage.free // 1024
         if len(data) == L.NV2080_CTRL_FB_GET_INFO_PARAMS.size:
-            self._fb_list(upcall, data, values)
-            return ALLOW
+            return self._fb_list(upcall, values)
         new = rewrite_fb_info_v2(data, values)
         return ALLOW if new is None else Verdict.reply(data=new)
 
-    def _fb_list(self, upcall: Upcall, data: bytes, values: dict[int, int]) -> None:
-        """FB_GET_INFO: the list is in the caller's memory, behind a pointer in the
-        control params; the caller is blocked on this upcall while it is rewritten."""
-        count, pointer = L.NV2080_CTRL_FB_GET_INFO_PARAMS.unpack_exact(data)
-        if self._memory is None or not pointer or not 0 < count <= FB_INFO_MAX_LIST_SIZE:
-            return
-        pid = upcall.caller_tgid
+    @staticmethod
+    def _fb_list(upcall: Upcall, values: dict[int, int]) -> Verdict:
+        """FB_GET_INFO: the list lies behind a pointer in the control params. The
+        module copied it in the caller's context (VGPU_A_DATA2, the entries the
+        driver answered); a REPLY's DATA2 is written back there by the module."""
+        entries = upcall.data2
+        if entries is None or not entries or len(entries) % L.FB_INFO_ENTRY.size:
+            return ALLOW
         try:
-            entries = self._memory.read(pid, pointer, count * L.FB_INFO_ENTRY.size)
             new = rewrite_fb_info(entries, values)
-            if new is not None:
-                self._memory.write(pid, pointer, new)
-        except OSError as exc:
-            log.warning("upcall %d: FB_GET_INFO list of pid %d at %#x: %s; the driver's "
-                        "answer stands", upcall.id, pid, pointer, exc)
+        except DecodeError:
+            return ALLOW
+        return ALLOW if new is None else Verdict.reply(data2=new)
 
     def _heap_info(self, upcall: Upcall, pending: _HeapInfo) -> Verdict:
         """VID_HEAP_CONTROL INFO: total and free in bytes (the driver's are KiB

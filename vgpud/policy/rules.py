@@ -14,9 +14,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from vgpud.kernel.cstruct import CStruct
-from vgpud.kernel.uapi import FILTER_OPEN, Filter, Node, Rule
-from vgpud.nvidia.escapes import Escape, NvClass
-from vgpud.nvidia.layouts import NVOS00, NVOS02_WITH_FD, NVOS21, NVOS32, NVOS54, NVOS55, NVOS64
+from vgpud.kernel.uapi import FILTER_OPEN, Filter, Node, Rule, RuleNested
+from vgpud.nvidia.escapes import FB_INFO_MAX_LIST_SIZE, Ctrl, Escape, NvClass
+from vgpud.nvidia.layouts import (
+    FB_INFO_ENTRY,
+    NV2080_CTRL_FB_GET_INFO_PARAMS,
+    NVOS00,
+    NVOS02_WITH_FD,
+    NVOS21,
+    NVOS32,
+    NVOS54,
+    NVOS55,
+    NVOS64,
+)
 
 __all__ = [
     "parse_filter_spec",
@@ -24,6 +34,7 @@ __all__ = [
     "rm_alloc_classes",
     "rm_alloc_memory_classes",
     "rm_control_cmds",
+    "rm_control_fb_get_info",
     "rm_dup_object",
     "rm_free",
     "rm_vid_heap",
@@ -94,6 +105,23 @@ def rm_control_cmds(cmds: Iterable[int], *, post: bool = False, shadow: bool = F
         post=post,
         shadow=shadow,
     )
+
+
+def rm_control_fb_get_info(*, post: bool = False, shadow: bool = False) -> Filter:
+    """RM_CONTROL FB_GET_INFO (v1) and its {index, data} list: the module copies
+    the control params (NV2080_CTRL_FB_GET_INFO_PARAMS) and the list its
+    fbInfoList points to, fbInfoListSize entries of NV2080_CTRL_FB_INFO, at most
+    NV2080_CTRL_FB_INFO_MAX_LIST_SIZE (VGPU_A_DATA2). A filter of one rule, so
+    that its nested list names it; add it to the policy's filter."""
+    rule = rm_control_cmds([Ctrl.FB_GET_INFO], post=post, shadow=shadow)
+    nested = RuleNested(
+        rule=0,
+        ptr_off=NV2080_CTRL_FB_GET_INFO_PARAMS.offsets["fbInfoList"],
+        count_off=NV2080_CTRL_FB_GET_INFO_PARAMS.offsets["fbInfoListSize"],
+        elem_size=FB_INFO_ENTRY.size,
+        max_count=FB_INFO_MAX_LIST_SIZE,
+    )
+    return Filter(rules=(rule,), nested=(nested,))
 
 
 def rm_free(*, post: bool = False, shadow: bool = False) -> Rule:
