@@ -509,6 +509,8 @@ class QuotaPolicy:
         if status_off is None:
             return ALLOW  # not NVOS21/NVOS64: the driver refuses it
         h_class = _U32.unpack_from(params, L.NVOS21.offsets["hClass"])[0]
+        if _refused_class(h_class):
+            return Verdict.fail_status(NvStatus.INVALID_CLASS, status_off)
         if h_class not in DEVICE_MEMORY_CLASSES:
             return ALLOW
         return Verdict.fail_status(_params_status(upcall, 1, 1), status_off)
@@ -596,9 +598,7 @@ class QuotaPolicy:
         class it has no constructor for; objects that make video memory
         implicitly are counted against the tenant's object limits."""
         h_class = call.h_class
-        if h_class in REFUSED_MEMORY_CLASSES or (
-                h_class in SYSTEM_CLASS_RANGE and h_class not in SYSTEM_OBJECT_CLASSES
-                and h_class not in UNCHARGED_MEMORY_CLASSES):
+        if _refused_class(h_class):
             log.info("upcall %d: %s allocates class %#x: refused", upcall.id, tenant, h_class)
             return Verdict.fail_status(NvStatus.INVALID_CLASS, call.status_off)
         kind = LIMITED_CLASS_KIND.get(h_class)
@@ -851,6 +851,15 @@ def _params_status(upcall: Upcall, pointer: int, size: int) -> int:
     if not pointer or not size:
         return NvStatus.INVALID_ARGUMENT
     return NvStatus.INVALID_PARAM_STRUCT  # copied, but not NV_MEMORY_ALLOCATION_PARAMS
+
+
+def _refused_class(h_class: int) -> bool:
+    """A memory class refused by name, or an unknown class of the range where
+    RM numbers its memory classes (vgpud.nvidia.escapes)."""
+    return h_class in REFUSED_MEMORY_CLASSES or (
+        h_class in SYSTEM_CLASS_RANGE and h_class not in SYSTEM_OBJECT_CLASSES
+        and h_class not in UNCHARGED_MEMORY_CLASSES and h_class not in DEVICE_MEMORY_CLASSES
+        and h_class not in TREE_CLASSES)
 
 
 def _new_handle(nr: int, params: bytes) -> int:
