@@ -38,6 +38,7 @@ union nvsim_alloc_params {
 	struct nv_memory_allocation_params memory;
 	struct nv_vaspace_allocation_params vaspace;
 	struct nv_channel_group_allocation_params tsg;
+	struct nv00f8_allocation_params fabric;
 };
 
 struct nvsim_class {
@@ -63,6 +64,8 @@ static const struct nvsim_class nvsim_classes[] = {
 	  sizeof(struct nv_vaspace_allocation_params), true },
 	{ KEPLER_CHANNEL_GROUP_A, NVSIM_OBJ_TSG,
 	  sizeof(struct nv_channel_group_allocation_params), true },
+	{ NV_MEMORY_FABRIC, NVSIM_OBJ_MEMORY,
+	  sizeof(struct nv00f8_allocation_params), false },
 };
 
 static const struct nvsim_class *nvsim_find_class(u32 hclass)
@@ -298,7 +301,8 @@ static u32 nvsim_mem_alloc(struct nvsim_client *c, struct nvsim_obj *parent,
 {
 	bool virt = hclass == NV50_MEMORY_VIRTUAL;
 	bool charged = hclass == NV01_MEMORY_LOCAL_USER ||
-		       hclass == NV01_MEMORY_LOCAL_PRIVILEGED;
+		       hclass == NV01_MEMORY_LOCAL_PRIVILEGED ||
+		       hclass == NV_MEMORY_FABRIC;
 	struct nvsim_gpu *gpu;
 	struct nvsim_obj *obj;
 	struct nvsim_mem *m;
@@ -350,6 +354,38 @@ static u32 nvsim_mem_alloc(struct nvsim_client *c, struct nvsim_obj *parent,
 	return NV_OK;
 }
 
+/*
+ * NV_MEMORY_FABRIC under a subdevice: a flexible fabric object (no hVidMem)
+ * takes alloc_size of video memory in pages of page_size (2 MiB, 512 MiB or
+ * 256 GiB), charged to the GPU like local memory; a sticky one maps memory
+ * the caller already holds (hVidMem) and takes nothing new.
+ */
+static u32 nvsim_fabric_alloc(struct nvsim_client *c, struct nvsim_obj *parent,
+			      u32 *handle, struct nv00f8_allocation_params *f)
+{
+	u64 page = f->page_size, size, offset;
+	struct nvsim_obj *mem;
+
+	if (parent->kind != NVSIM_OBJ_SUBDEVICE)
+		return NV_ERR_INVALID_OBJECT_PARENT;
+	if (page != NV_MEMORY_FABRIC_PAGE_SIZE_2M &&
+	    page != NV_MEMORY_FABRIC_PAGE_SIZE_512M &&
+	    page != NV_MEMORY_FABRIC_PAGE_SIZE_256G)
+		return NV_ERR_INVALID_ARGUMENT;
+	if (!f->alloc_size || f->alloc_size > parent->gpu->capacity)
+		return NV_ERR_INVALID_ARGUMENT;
+	if (f->map_h_vid_mem) {
+		mem = nvsim_obj_get(c, f->map_h_vid_mem);
+		if (!mem || mem->kind != NVSIM_OBJ_MEMORY ||
+		    mem->gpu != parent->gpu)
+			return NV_ERR_INVALID_OBJECT_HANDLE;
+		return NV_ERR_NOT_SUPPORTED;	/* sticky mappings: not simulated */
+	}
+	size = round_up(f->alloc_size, page);
+	return nvsim_mem_alloc(c, parent, handle, NV_MEMORY_FABRIC, &size,
+			       &offset, NULL);
+}
+
 static u32 nvsim_alloc_locked(struct nvsim_file *nf, u32 hroot, u32 hparent,
 			      u32 *handle, const struct nvsim_class *cls,
 			      union nvsim_alloc_params *prm)
@@ -367,6 +403,9 @@ static u32 nvsim_alloc_locked(struct nvsim_file *nf, u32 hroot, u32 hparent,
 	parent = nvsim_obj_get(c, hparent);
 	if (!parent)
 		return NV_ERR_INVALID_OBJECT_PARENT;
+
+	if (cls->hclass == NV_MEMORY_FABRIC)
+		return nvsim_fabric_alloc(c, parent, handle, &prm->fabric);
 
 	switch (cls->kind) {
 	case NVSIM_OBJ_MEMORY:

@@ -67,6 +67,7 @@ NV20_SUBDEVICE_0 = 0x2080
 NV50_MEMORY_VIRTUAL = 0x50A0
 FERMI_VASPACE_A = 0x90F1
 KEPLER_CHANNEL_GROUP_A = 0xA06C
+NV_MEMORY_FABRIC = 0xF8
 
 # Controls
 NV2080_CTRL_CMD_FB_GET_INFO = 0x20801301
@@ -130,6 +131,9 @@ MEM_ALLOC_OFFSET_OFF = 80
 MEM_ALLOC_LIMIT_OFF = 88
 VASPACE_ALLOC = struct.Struct("<IIQQQI4xQI4x")
 TSG_ALLOC = struct.Struct("<IIIIB3x")
+# NV00F8_ALLOCATION_PARAMETERS: alignment allocSize pageSize allocFlags map.{offset hVidMem flags}
+FABRIC_ALLOC = struct.Struct("<QQQI4xQII")
+FABRIC_PAGE_2M = 2 << 20
 FB_INFO_V2_SIZE = 4 + 8 * FB_INFO_MAX
 FB_INFO = struct.Struct("<I4xQ")
 UVM_INIT = struct.Struct("<QI4x")
@@ -142,7 +146,7 @@ for _s, _n in (
     (NVOS00, 16), (NVOS21, 32), (NVOS64, 48), (NVOS54, 32), (NVOS33_FD, 56),
     (NVOS34, 32), (NVOS02_FD, 56), (NVOS32_HEAD, 40), (RM_API_VERSION, 72),
     (XFER, 16), (CARD_INFO, 72), (NV0080_ALLOC, 56), (MEM_ALLOC, 128),
-    (VASPACE_ALLOC, 56), (TSG_ALLOC, 20), (FB_INFO, 16), (UVM_INIT, 16),
+    (VASPACE_ALLOC, 56), (TSG_ALLOC, 20), (FABRIC_ALLOC, 48), (FB_INFO, 16), (UVM_INIT, 16),
     (SUBMIT_WORK, 24), (WORK_STATS, 24), (GPFIFO_SCHEDULE, 3), (TIMESLICE, 8),
 ):
     assert _s.size == _n, (_s.format, _s.size, _n)
@@ -596,6 +600,14 @@ def alloc_channel_group(ctl: int, hclient: int, hdevice: int, handle: int = 0, *
     r = rm_alloc(ctl, hclient, hdevice, handle, KEPLER_CHANNEL_GROUP_A,
                  TSG_ALLOC.pack(0, 0, 0, 0, 0), **kw)
     return must(r, "alloc channel group").handle
+
+
+def alloc_fabric(ctl: int, hclient: int, hsubdevice: int, size: int, handle: int = 0,
+                 page: int = FABRIC_PAGE_2M, **kw):
+    """NV_MEMORY_FABRIC under a subdevice, flexible (no hVidMem): ``size`` bytes
+    in pages of ``page``. Returns rm_alloc's result."""
+    return rm_alloc(ctl, hclient, hsubdevice, handle, NV_MEMORY_FABRIC,
+                    FABRIC_ALLOC.pack(page, size, page, 0, 0, 0, 0), **kw)
 
 
 def submit_work(ctl: int, hclient: int, hgroup: int, work_ns: int, *, reserved: int = 0,

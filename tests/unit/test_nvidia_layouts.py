@@ -230,6 +230,10 @@ KMOD_ONLY = {
     "nv_ioctl_xfer": (16, dict(cmd=0, size=4, ptr=8)),
     "nv_register_fd": (4, dict(ctl_fd=0)),
     "nva06c_gpfifo_schedule_params": (3, dict(b_enable=0, b_skip_submit=1, b_skip_enable=2)),
+    # NV00F8_ALLOCATION_PARAMETERS (cl00f8.h), nvsim's NV_MEMORY_FABRIC.
+    "nv00f8_allocation_params": (48, dict(alignment=0, alloc_size=8, page_size=16,
+                                          alloc_flags=24, map_offset=32, map_h_vid_mem=40,
+                                          map_flags=44)),
 }
 
 KMOD_PRELUDE = """
@@ -285,7 +289,8 @@ def _py_numbers() -> dict[str, int]:
            "NV01_DEVICE_0": E.NvClass.DEVICE_0, "NV20_SUBDEVICE_0": E.NvClass.SUBDEVICE_0,
            "NV01_MEMORY_SYSTEM": E.NvClass.MEMORY_SYSTEM,
            "NV01_MEMORY_LOCAL_PRIVILEGED": E.NvClass.MEMORY_LOCAL_PRIVILEGED,
-           "NV01_MEMORY_LOCAL_USER": E.NvClass.MEMORY_LOCAL_USER}
+           "NV01_MEMORY_LOCAL_USER": E.NvClass.MEMORY_LOCAL_USER,
+           "NV_MEMORY_FABRIC": E.MemClass.FABRIC}
     out |= {f"NV_ESC_{e.name}": e for e in E.Escape}
     out |= {f"NV_ERR_{s.name}": s for s in E.NvStatus if s}
     out |= {c.name: c for c in (E.NvClass.NV50_MEMORY_VIRTUAL, E.NvClass.FERMI_VASPACE_A,

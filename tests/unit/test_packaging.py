@@ -81,6 +81,14 @@ def test_real_nodes_are_root_only() -> None:
                 ROOT / "systemd/nvidia-root-only.conf")
 
 
+@needs_modprobe
+def test_uvm_without_hmm() -> None:
+    """nvidia-uvm's module parameter (uvm_hmm.c): pageable memory stays out of
+    video memory, where no quota sees it."""
+    assert "options nvidia_uvm uvm_disable_hmm=1" in showconfig(
+        ROOT / "systemd/nvidia-uvm-no-hmm.conf")
+
+
 def test_unit_loads_the_module_outside_its_bounding_set() -> None:
     """The daemon's capabilities cannot load a module: modprobe runs with "+"."""
     text = UNIT.read_text()

@@ -162,6 +162,30 @@ def _parse_gpus(value: object) -> tuple[int, ...] | Literal["all"]:
     return tuple(value)
 
 
+_Count = Annotated[int, Field(strict=True, ge=0, le=1_000_000)]
+
+
+class ObjectLimits(BaseModel):
+    """Most objects of each kind a tenant may hold at once, all its GPUs
+    together: objects whose video memory the driver allocates implicitly
+    (context buffers, instance blocks, page tables), which the quota cannot
+    size. 0 refuses every one. Over the limit the driver's own answer for
+    exhausted resources (NV_ERR_INSUFFICIENT_RESOURCES) is returned."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    channel_groups: _Count = 256
+    channels: _Count = 1024
+    context_shares: _Count = 1024
+    va_spaces: _Count = 64
+    buffers: _Count = 256
+
+    def limit(self, kind: str) -> int:
+        value = getattr(self, kind)
+        assert isinstance(value, int)
+        return value
+
+
 class MatchRule(BaseModel):
     """One rule; every field given must match (AND). At least one field is given.
 
@@ -213,6 +237,7 @@ class Tenant(BaseModel):
     weight: Annotated[_StrictInt, Field(ge=1, le=1000)] = 100
     cap: Annotated[_StrictInt, Field(ge=1, le=100)] | None = None
     priority: Priority = Priority.BEST_EFFORT
+    limits: ObjectLimits = ObjectLimits()
 
     @model_validator(mode="after")
     def _distinct(self) -> Tenant:

@@ -68,7 +68,12 @@ class UvmCmd(IntEnum):
     MAP_EXTERNAL_ALLOCATION = 33
     FREE = 34
     REGISTER_GPU = 37
+    SET_PREFERRED_LOCATION = 42
+    ENABLE_READ_DUPLICATION = 44
+    SET_ACCESSED_BY = 46
     MIGRATE = 51
+    MIGRATE_RANGE_GROUP = 53
+    ALLOC_SEMAPHORE_POOL = 68
     CREATE_EXTERNAL_RANGE = 73
 
 
@@ -77,6 +82,8 @@ class NvClass(IntEnum):
     DEVICE_0 = 0x80
     SUBDEVICE_0 = 0x2080
     FERMI_VASPACE_A = 0x90F1
+    NV01_ROOT = 0x0
+    NV01_ROOT_NON_PRIV = 0x1
     MEMORY_LOCAL_PRIVILEGED = 0x3F
     MEMORY_LOCAL_USER = 0x40
     MEMORY_SYSTEM = 0x3E
@@ -96,8 +103,112 @@ class NvClass(IntEnum):
 DEVICE_MEMORY_CLASSES = frozenset({NvClass.MEMORY_LOCAL_USER, NvClass.MEMORY_LOCAL_PRIVILEGED})
 
 
+class MemClass(IntEnum):
+    """Every memory class of RM's resource table (resource_list.h, g_allclasses.h,
+    595.45.04) that vgpud does not charge; what each does with it is in
+    docs/architecture.md (Memory the quota sees, class by class)."""
+
+    SYSTEM = 0x3E  # host pages (sysmemConstruct)
+    EXTENDED_USER = 0x42  # video memory (ExtendedGpuMemory), the LOCAL_USER constructor
+    VIRTUAL = 0x70  # a VA range (VirtualMemoryRange)
+    SYSTEM_OS_DESCRIPTOR = 0x71  # the caller's own pages
+    FRAMEBUFFER_CONSOLE = 0x76  # kernel-privileged
+    LIST_SYSTEM = 0x81  # privileged
+    LIST_FBMEM = 0x82  # privileged
+    LIST_OBJECT = 0x83  # privileged
+    HW_RESOURCES = 0xB1  # compression / HW resources over video memory
+    LOCAL_PHYSICAL = 0xC2  # privileged: raw video memory
+    SYNCPOINT = 0xC3  # Tegra syncpoints
+    EXPORT = 0xE0  # a fabric export of memory already held
+    IMEX_SESSION = 0xF1  # fabric import/export daemon session
+    FLA = 0xF3  # memory of another GPU over the fabric address
+    FABRIC = 0xF8  # video memory for the fabric (MemoryFabric)
+    FABRIC_IMPORT_V2 = 0xF9  # fabric memory of another process or node
+    FABRIC_IMPORTED_REF = 0xFB
+    MULTICAST_FABRIC = 0xFD  # multicast video memory across GPUs
+    MAPPER = 0xFE  # maps memory already held
+    NV50_VIRTUAL = 0x50A0  # a VA range in a VA space (VirtualMemory)
+    DEVICELESS = 0x90CE  # host pages without a device (NoDeviceMemory)
+
+
+# Memory classes that pass uncharged, each for its reason: host memory over
+# pages the kernel charges to the caller, or an address range and no memory.
+UNCHARGED_MEMORY_CLASSES = frozenset({MemClass.SYSTEM, MemClass.VIRTUAL,
+                                      MemClass.SYSTEM_OS_DESCRIPTOR, MemClass.NV50_VIRTUAL,
+                                      MemClass.DEVICELESS})
+# Every other memory class is refused, as the driver refuses a class it has
+# no constructor for (NV_ERR_INVALID_CLASS): the fabric family (video memory
+# the ledger does not size, or memory of another process, GPU or node), the
+# privileged ones a tenant cannot use anyway, and EXTENDED_USER / HW_RESOURCES
+# (video memory through parameters the ledger does not decode).
+REFUSED_MEMORY_CLASSES = frozenset(MemClass) - UNCHARGED_MEMORY_CLASSES
+# RM's memory classes are numbered below 0x100 (cl00XX), but for the two VA
+# classes and DEVICELESS: a class there that vgpud does not know is refused.
+SYSTEM_CLASS_RANGE = range(0x100)
+
+
+class ChannelClass(IntEnum):
+    """Channel (GPFIFO) classes: each channel has an instance block, USERD and,
+    with its engine objects, context buffers in video memory."""
+
+    GF100 = 0x906F
+    KEPLER_A = 0xA06F
+    KEPLER_B = 0xA16F
+    MAXWELL_A = 0xB06F
+    PASCAL_A = 0xC06F
+    VOLTA_A = 0xC36F
+    TURING_A = 0xC46F
+    AMPERE_A = 0xC56F
+    HOPPER_A = 0xC86F
+    BLACKWELL_A = 0xC96F
+    BLACKWELL_B = 0xCA6F
+
+
+# Classes below 0x100 that are objects, not memory: they pass.
+SYSTEM_OBJECT_CLASSES = frozenset({
+    NvClass.NV01_ROOT, NvClass.NV01_ROOT_NON_PRIV, NvClass.ROOT_CLIENT,
+    0x02,  # NV01_CONTEXT_DMA: a view of memory already held
+    0x04,  # NV01_TIMER
+    0x05,  # NV01_EVENT
+    0x20,  # NV0020_GPU_MANAGEMENT
+    0x30,  # NV01_NULL
+    0x50,  # NV_CE_UTILS (kernel-internal)
+    0x60,  # NV0060_SYNC_GPU_BOOST
+    0x73,  # NV04_DISPLAY_COMMON
+    0x78, 0x79, 0x7E,  # NV01_EVENT_KERNEL_CALLBACK(_EX), NV01_EVENT_OS_EVENT
+    0x7D,  # NV04_SOFTWARE_TEST
+    NvClass.DEVICE_0,
+    0x90,  # KERNEL_GRAPHICS_CONTEXT (internal only)
+    0x92,  # NV0092_RG_LINE_CALLBACK (kernel-privileged)
+    0xDA,  # NV_SEMAPHORE_SURFACE: counted (OBJECT_LIMIT_CLASSES)
+    0xDB,  # NV40_DEBUG_BUFFER: counted
+    0xDE,  # RM_USER_SHARED_DATA: counted
+})
+# Classes that make video memory implicitly (context buffers, instance blocks,
+# page tables, buffers), by the tenant object limit that bounds them
+# (vgpud.core.tenants.ObjectLimits field names).
+OBJECT_LIMIT_CLASSES: dict[str, frozenset[int]] = {
+    "channel_groups": frozenset({NvClass.KEPLER_CHANNEL_GROUP_A}),
+    "channels": frozenset(ChannelClass),
+    "context_shares": frozenset({NvClass.FERMI_CONTEXT_SHARE_A}),
+    "va_spaces": frozenset({NvClass.FERMI_VASPACE_A}),
+    "buffers": frozenset({
+        0xDA,  # NV_SEMAPHORE_SURFACE
+        0xDB,  # NV40_DEBUG_BUFFER
+        0xDE,  # RM_USER_SHARED_DATA
+        0x844C,  # G84_PERFBUFFER
+        0x90CD,  # NV_EVENT_BUFFER
+        0xC365,  # ACCESS_COUNTER_NOTIFY_BUFFER
+        0xC369,  # MMU_FAULT_BUFFER
+        0xC763,  # MMU_VIDMEM_ACCESS_BIT_BUFFER
+    }),
+}
+LIMITED_CLASS_KIND = {c: kind for kind, cs in OBJECT_LIMIT_CLASSES.items() for c in cs}
+
+
 class NvStatus(IntEnum):
     OK = 0x0
+    INSUFFICIENT_RESOURCES = 0x1A
     INVALID_ADDRESS = 0x1E
     INVALID_ARGUMENT = 0x1F
     INVALID_CLASS = 0x22

@@ -33,7 +33,7 @@ from vgpud.core.ledger import (
     Reservation,
     Usage,
 )
-from vgpud.core.tenants import Opener, Tenant, UvmPolicy, resolve, start_ticks
+from vgpud.core.tenants import ObjectLimits, Opener, Tenant, UvmPolicy, resolve, start_ticks
 from vgpud.kernel.codec import AbandonedEvent, CloseEvent, Event, PostEvent, Upcall
 from vgpud.kernel.cstruct import DecodeError
 from vgpud.kernel.uapi import (
@@ -55,12 +55,18 @@ from vgpud.kernel.uapi import (
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import (
     DEVICE_MEMORY_CLASSES,
+    LIMITED_CLASS_KIND,
     NVOS32_ALLOC_FLAGS_VIRTUAL,
+    REFUSED_MEMORY_CLASSES,
+    SYSTEM_CLASS_RANGE,
+    SYSTEM_OBJECT_CLASSES,
+    UNCHARGED_MEMORY_CLASSES,
     Ctrl,
     Escape,
     FbInfoIndex,
     NvClass,
     NvStatus,
+    UvmCmd,
     VidHeapFunction,
 )
 from vgpud.nvidia.layouts import (
@@ -78,13 +84,17 @@ from vgpud.nvidia.layouts import (
 )
 from vgpud.policy.base import Request
 from vgpud.policy.rules import (
+    rm_alloc_any,
     rm_alloc_classes,
+    rm_alloc_classes_bare,
+    rm_alloc_memory_any,
     rm_alloc_memory_classes,
     rm_control_cmds,
     rm_control_fb_get_info,
     rm_dup_object,
     rm_free,
     rm_vid_heap,
+    uvm_cmds,
 )
 
 if TYPE_CHECKING:  # the policy calls the admin model; it needs none of its store
@@ -122,6 +132,16 @@ DENY_ENOMEM = Verdict.deny(errno.ENOMEM)
 DENY_EINVAL = Verdict.deny(errno.EINVAL)
 
 _MISSING = object()
+# nvidia-uvm calls after which UVM allocates video memory itself (from its
+# own allocator, outside RM's objects): migration to a GPU, the policies that
+# place or duplicate pages on one, and GPU semaphore pools.
+UVM_ALLOCATING = frozenset({UvmCmd.MIGRATE, UvmCmd.MIGRATE_RANGE_GROUP,
+                            UvmCmd.SET_PREFERRED_LOCATION, UvmCmd.SET_ACCESSED_BY,
+                            UvmCmd.ENABLE_READ_DUPLICATION, UvmCmd.ALLOC_SEMAPHORE_POOL})
+# RM_ALLOC_MEMORY classes other than the charged that pass: host memory and
+# the caller's own pages, and a VA range (RmDeprecatedAllocMemory's table).
+ALLOC_MEMORY_PASS = frozenset({NvClass.MEMORY_SYSTEM, NvClass.MEMORY_SYSTEM_OS_DESCRIPTOR,
+                               NvClass.MEMORY_VIRTUAL})
 _U32 = struct.Struct("=I")
 # Where the result (status) and the new handle lie after the call, by (escape, size).
 _NEW_HANDLE: dict[tuple[int, int], int] = {
@@ -192,7 +212,19 @@ class _HeapInfo:
     gpu: int
 
 
-_Pending = _Charge | _Track | _Free | _Dup | _FbView | _HeapInfo
+@dataclass(slots=True)
+class _Object:
+    """An object under a tenant object limit (ObjectLimits): counted once the
+    driver made it. Also what a counted object is once made."""
+
+    ctx: int
+    tenant: str
+    kind: str
+    client: int
+    parent: int
+
+
+_Pending = _Charge | _Track | _Free | _Dup | _FbView | _HeapInfo | _Object
 
 
 class QuotaPolicy:
@@ -219,6 +251,10 @@ class QuotaPolicy:
         self._tenants_seen: tuple[Tenant, ...] | None = None
         self._by_name: dict[str, Tenant] = {}
         self._gpu_indexes = frozenset(gpu.index for gpu in manager.gpus)
+        # Objects under a tenant object limit, and how many each tenant holds
+        # of each kind (a kind's in-flight allocations are in _pending).
+        self._objects: dict[Key, _Object] = {}
+        self._held: dict[tuple[str, str], int] = {}
 
     # --- Policy ---
 
@@ -239,6 +275,15 @@ class QuotaPolicy:
                 # results come back in a POST upcall (ALLOW_POST), not an event.
                 rm_vid_heap(post=True, shadow=True),
                 rm_control_cmds([Ctrl.FB_GET_INFO_V2]),
+                # Objects that make video memory implicitly: counted per
+                # tenant (POST). Then every other class: the memory classes
+                # not known to pass are refused (docs/architecture.md).
+                *rm_alloc_classes_bare(sorted(LIMITED_CLASS_KIND), post=True, shadow=True),
+                *rm_alloc_any(shadow=True),
+                rm_alloc_memory_any(shadow=True),
+                # nvidia-uvm calls that make UVM allocate video memory:
+                # refused to tenants with uvm = "deny".
+                *uvm_cmds(UVM_ALLOCATING),
             ),
             # FB_GET_INFO (v1): its list, behind a pointer in the control
             # params, comes up as VGPU_A_DATA2 and is rewritten by a REPLY.
@@ -253,6 +298,8 @@ class QuotaPolicy:
             return DENY_EACCES
         if upcall.kind is UpcallKind.MMAP:
             return self._mmap(upcall, tenant, request.call)
+        if upcall.node is Node.UVM:
+            return self._uvm_ioctl(upcall, tenant)
         match request.call:
             case RmAlloc() as call:
                 return self._rm_alloc(upcall, tenant, call)
@@ -392,6 +439,7 @@ class QuotaPolicy:
         self._learned.discard(ctx)
         for upcall_id in [i for i, p in self._pending.items() if p.ctx == ctx]:
             del self._pending[upcall_id]
+        self._objects_gone([k for k, o in self._objects.items() if o.ctx == ctx])
         if name is _MISSING or name is None:
             return
         with suppress(LedgerError):
@@ -430,7 +478,8 @@ class QuotaPolicy:
                 gpu = call.alloc.device_id
             self._pending[upcall.id] = _Track(upcall.ctx_id, h_class, call.h_root,
                                               call.h_parent, gpu)
-        return ALLOW
+            return ALLOW
+        return self._other_class(upcall, tenant, call)
 
     @staticmethod
     def _device_gpu(upcall: Upcall, call: RmAlloc) -> int | None:
@@ -453,11 +502,17 @@ class QuotaPolicy:
         if status_off is None:
             return ALLOW  # not NVOS21/NVOS64: the driver refuses it
         h_class = _U32.unpack_from(params, L.NVOS21.offsets["hClass"])[0]
+        if _refused_class(h_class):
+            return Verdict.fail_status(NvStatus.INVALID_CLASS, status_off)
         if h_class not in DEVICE_MEMORY_CLASSES:
             return ALLOW
         return Verdict.fail_status(_params_status(upcall, 1, 1), status_off)
 
     def _rm_alloc_memory(self, upcall: Upcall, tenant: str, call: RmAllocMemory) -> Verdict:
+        if call.h_class not in DEVICE_MEMORY_CLASSES and call.h_class not in ALLOC_MEMORY_PASS:
+            log.info("upcall %d: %s calls RM_ALLOC_MEMORY of class %#x: refused", upcall.id,
+                     tenant, call.h_class)
+            return Verdict.fail_status(NvStatus.INVALID_CLASS, L.NVOS02_WITH_FD.offsets["status"])
         if call.h_class not in DEVICE_MEMORY_CLASSES or call.limit >= 2**64 - 1:
             return ALLOW  # the driver refuses an all-ones limit (NV_ERR_INVALID_LIMIT)
         return self._reserve(upcall, tenant, call.h_root, call.h_parent, call.h_new,
@@ -529,6 +584,74 @@ class QuotaPolicy:
                 return gpu.index
         return 0
 
+    # --- classes other than the charged and the tree's ---
+
+    def _other_class(self, upcall: Upcall, tenant: str, call: RmAlloc) -> Verdict:
+        """Memory classes not known to pass are refused as the driver refuses a
+        class it has no constructor for; objects that make video memory
+        implicitly are counted against the tenant's object limits."""
+        h_class = call.h_class
+        if _refused_class(h_class):
+            log.info("upcall %d: %s allocates class %#x: refused", upcall.id, tenant, h_class)
+            return Verdict.fail_status(NvStatus.INVALID_CLASS, call.status_off)
+        kind = LIMITED_CLASS_KIND.get(h_class)
+        if kind is None:
+            return ALLOW
+        return self._admit(upcall, tenant, kind, call.h_root, call.h_parent, call.status_off)
+
+    def _admit(self, upcall: Upcall, tenant: str, kind: str, client: int, parent: int,
+               status_off: int) -> Verdict:
+        t = self._tenant(tenant)
+        limit = (t.limits if t is not None else ObjectLimits()).limit(kind)
+        in_flight = sum(1 for p in self._pending.values()
+                        if isinstance(p, _Object) and p.tenant == tenant and p.kind == kind)
+        held = self._held.get((tenant, kind), 0)
+        if held + in_flight >= limit:
+            log.info("upcall %d: %s holds %d %s (%d in flight), its limit is %d: refused",
+                     upcall.id, tenant, held, kind, in_flight, limit)
+            return Verdict.fail_status(NvStatus.INSUFFICIENT_RESOURCES, status_off)
+        self._pending[upcall.id] = _Object(upcall.ctx_id, tenant, kind, client, parent)
+        return ALLOW
+
+    def _object_made(self, pending: _Object, handle: int) -> None:
+        """POST of a counted object: it exists from now on, until freed (with
+        its parent, its client or its file). It joins the ledger's tree so
+        that a free of anything above it is seen."""
+        if not handle:
+            return
+        key, parent = Key(pending.client, handle), Key(pending.client, pending.parent)
+        ledger = self.ledger
+        if key not in ledger:
+            try:
+                ledger.track(pending.ctx, key, parent if parent in ledger else None,
+                             ledger.gpu_of(parent))
+            except LedgerError as exc:  # counted all the same: a limit errs on the safe side
+                log.warning("object %s of %s not in the tree: %r", key, pending.tenant, exc)
+        old = self._objects.pop(key, None)
+        if old is not None:
+            self._uncount(old)
+        self._objects[key] = pending
+        slot = (pending.tenant, pending.kind)
+        self._held[slot] = self._held.get(slot, 0) + 1
+
+    def _objects_gone(self, keys: Iterable[Key]) -> None:
+        for key in keys:
+            obj = self._objects.pop(key, None)
+            if obj is not None:
+                self._uncount(obj)
+
+    def _uncount(self, obj: _Object) -> None:
+        slot = (obj.tenant, obj.kind)
+        left = self._held.get(slot, 0) - 1
+        if left > 0:
+            self._held[slot] = left
+        else:
+            self._held.pop(slot, None)
+
+    def object_counts(self) -> dict[tuple[str, str], int]:
+        """(tenant, kind) -> objects held under the tenant's object limits."""
+        return dict(self._held)
+
     # --- frees and dups ---
 
     def _rm_free(self, upcall: Upcall, call: RmFree) -> Verdict:
@@ -539,6 +662,10 @@ class QuotaPolicy:
 
     def _rm_dup(self, upcall: Upcall, call: RmDupObject) -> Verdict:
         source = Key(call.h_client_src, call.h_object_src)
+        counted = self._objects.get(source)
+        if counted is not None:  # a second handle keeps the object: counted as one more
+            return self._admit(upcall, counted.tenant, counted.kind, call.h_client,
+                               call.h_parent, L.NVOS55.offsets["status"])
         if source in self.ledger:
             self._pending[upcall.id] = _Dup(upcall.ctx_id, call.h_client, call.h_parent, source)
         return ALLOW
@@ -568,12 +695,15 @@ class QuotaPolicy:
                 else:
                     ledger.release(r)
                 self.manager.usage_changed(r.tenant)
-            case _Free() if ok:
-                freed = ledger.free(pending.key)
-                for tenant in {r.tenant for r in freed.released}:
-                    self.manager.usage_changed(tenant)
             case _Track() if ok:
                 self._track(pending, _new_handle(nr, params))
+            case _Object():
+                self._object_made(pending, _new_handle(nr, params) if ok else 0)
+            case _Free() if ok:
+                freed = ledger.free(pending.key)
+                self._objects_gone(freed.keys)
+                for tenant in {r.tenant for r in freed.released}:
+                    self.manager.usage_changed(tenant)
             case _Dup() if ok and (handle := _new_handle(nr, params)):
                 key, parent = Key(pending.client, handle), Key(pending.client, pending.parent)
                 ledger.dup(pending.ctx, key, pending.source, parent if parent in ledger else None)
@@ -674,6 +804,18 @@ class QuotaPolicy:
 
     # --- nvidia-uvm ---
 
+    def _uvm_ioctl(self, upcall: Upcall, tenant: str) -> Verdict:
+        """A UVM call that makes video memory (UVM_ALLOCATING): refused to a
+        tenant whose managed memory is refused, with the errno of its refused
+        mmap; a tenant with "count" or "allow" goes on (what "count" counts:
+        docs/architecture.md)."""
+        t = self._tenant(tenant)
+        if upcall.nr in UVM_ALLOCATING and t is not None and t.uvm is UvmPolicy.DENY:
+            log.info("upcall %d: %s calls UVM command %d: refused (uvm = deny)", upcall.id,
+                     tenant, upcall.nr)
+            return DENY_ENOMEM
+        return ALLOW
+
     def _mmap(self, upcall: Upcall, tenant: str, call: object) -> Verdict:
         t = self._tenant(tenant)
         uvm = UvmPolicy.COUNT if t is None else t.uvm
@@ -708,6 +850,15 @@ def _params_status(upcall: Upcall, pointer: int, size: int) -> int:
     if not pointer or not size:
         return NvStatus.INVALID_ARGUMENT
     return NvStatus.INVALID_PARAM_STRUCT  # copied, but not NV_MEMORY_ALLOCATION_PARAMS
+
+
+def _refused_class(h_class: int) -> bool:
+    """A memory class refused by name, or an unknown class of the range where
+    RM numbers its memory classes (vgpud.nvidia.escapes)."""
+    return h_class in REFUSED_MEMORY_CLASSES or (
+        h_class in SYSTEM_CLASS_RANGE and h_class not in SYSTEM_OBJECT_CLASSES
+        and h_class not in UNCHARGED_MEMORY_CLASSES and h_class not in DEVICE_MEMORY_CLASSES
+        and h_class not in TREE_CLASSES)
 
 
 def _new_handle(nr: int, params: bytes) -> int:

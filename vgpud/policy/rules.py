@@ -30,14 +30,18 @@ from vgpud.nvidia.layouts import (
 
 __all__ = [
     "parse_filter_spec",
+    "rm_alloc_any",
     "rm_alloc_channel_groups",
     "rm_alloc_classes",
+    "rm_alloc_classes_bare",
+    "rm_alloc_memory_any",
     "rm_alloc_memory_classes",
     "rm_control_cmds",
     "rm_control_fb_get_info",
     "rm_dup_object",
     "rm_free",
     "rm_vid_heap",
+    "uvm_cmds",
 ]
 
 _RM_NODES = 1 << Node.CTL
@@ -90,6 +94,40 @@ def _channel_group_rule(layout: CStruct, post: bool) -> Rule:
     return Rule(node_mask=_RM_NODES, nr=Escape.RM_ALLOC, size=layout.size,
                 match_off=layout.offsets["hClass"], match=(NvClass.KEPLER_CHANNEL_GROUP_A,),
                 post=post, shadow=True)
+
+
+def rm_alloc_classes_bare(classes: Iterable[int], *, post: bool = False,
+                          shadow: bool = False) -> tuple[Rule, Rule]:
+    """RM_ALLOC of these classes, as NVOS21 and NVOS64, without their alloc
+    params: for a policy that decides on the class, the parent and the new
+    handle alone."""
+    keys = _keys(classes)
+    return (_bare_alloc_rule(NVOS21, keys, post, shadow),
+            _bare_alloc_rule(NVOS64, keys, post, shadow))
+
+
+def _bare_alloc_rule(layout: CStruct, keys: tuple[int, ...], post: bool, shadow: bool) -> Rule:
+    if not keys:  # every class
+        return Rule(node_mask=_RM_NODES, nr=Escape.RM_ALLOC, size=layout.size, post=post,
+                    shadow=shadow)
+    return Rule(node_mask=_RM_NODES, nr=Escape.RM_ALLOC, size=layout.size,
+                match_off=layout.offsets["hClass"], match=keys, post=post, shadow=shadow)
+
+
+def rm_alloc_any(*, post: bool = False, shadow: bool = False) -> tuple[Rule, Rule]:
+    """Every RM_ALLOC (NVOS21 and NVOS64), whatever its class, without alloc
+    params. Put it after the rules that name classes (the first rule that
+    matches wins): it selects the calls none of them did, so that a policy
+    can refuse the classes it does not know."""
+    return (_bare_alloc_rule(NVOS21, (), post, shadow),
+            _bare_alloc_rule(NVOS64, (), post, shadow))
+
+
+def rm_alloc_memory_any(*, post: bool = False, shadow: bool = False) -> Rule:
+    """Every RM_ALLOC_MEMORY (NVOS02 + fd, on the GPU node), whatever its
+    class; after rm_alloc_memory_classes, as rm_alloc_any."""
+    return Rule(node_mask=1 << Node.GPU, nr=Escape.RM_ALLOC_MEMORY, size=NVOS02_WITH_FD.size,
+                post=post, shadow=shadow)
 
 
 def rm_control_cmds(cmds: Iterable[int], *, post: bool = False, shadow: bool = False) -> Rule:
@@ -155,6 +193,13 @@ def rm_vid_heap(*, post: bool = False, shadow: bool = False) -> Rule:
     must see the functions it does not know, to refuse them."""
     return Rule(node_mask=_RM_NODES, nr=Escape.RM_VID_HEAP_CONTROL, size=NVOS32.size,
                 post=post, shadow=shadow)
+
+
+def uvm_cmds(cmds: Iterable[int]) -> tuple[Rule, ...]:
+    """nvidia-uvm ioctls of these command numbers, whatever their params (none
+    are copied): for a policy that decides on the command alone. UVM params
+    change size between driver releases; without a size, no shadow either."""
+    return tuple(Rule(node_mask=1 << Node.UVM, nr=cmd, size=0) for cmd in _keys(cmds))
 
 
 def parse_filter_spec(spec: str) -> Filter:

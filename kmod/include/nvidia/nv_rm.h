@@ -23,6 +23,7 @@
 #define NV50_MEMORY_VIRTUAL		0x50a0
 #define FERMI_VASPACE_A			0x90f1
 #define KEPLER_CHANNEL_GROUP_A		0xa06c
+#define NV_MEMORY_FABRIC		0x00f8
 
 /* Handles the RM generates (resserv). */
 #define NV_CLIENT_HANDLE_BASE		0xc1d00000u
@@ -91,6 +92,22 @@ struct nv_vaspace_allocation_params {
 	u64 va_base;
 	u32 pasid;
 	u32 pad1;
+};
+
+/* NV00F8_ALLOCATION_PARAMETERS (cl00f8.h): an NV_MEMORY_FABRIC object. */
+#define NV_MEMORY_FABRIC_PAGE_SIZE_2M	0x200000ULL
+#define NV_MEMORY_FABRIC_PAGE_SIZE_512M	0x20000000ULL
+#define NV_MEMORY_FABRIC_PAGE_SIZE_256G	0x4000000000ULL
+
+struct nv00f8_allocation_params {
+	u64 alignment;
+	u64 alloc_size;
+	u64 page_size;
+	u32 alloc_flags;
+	u32 pad0;
+	u64 map_offset;
+	u32 map_h_vid_mem;
+	u32 map_flags;
 };
 
 struct nv_channel_group_allocation_params {
