@@ -85,9 +85,9 @@ unsigned int vgpu_upcalls_per_ctx = 4;
 module_param_cb(upcalls_per_ctx, &vgpu_per_ctx_ops, &vgpu_upcalls_per_ctx, 0444);
 MODULE_PARM_DESC(upcalls_per_ctx, "upcalls in flight per open file, 1..64 (default 4)");
 
-unsigned int vgpu_upcalls_per_opener = 8;
+unsigned int vgpu_upcalls_per_opener = 4;
 module_param_cb(upcalls_per_opener, &vgpu_per_opener_ops, &vgpu_upcalls_per_opener, 0444);
-MODULE_PARM_DESC(upcalls_per_opener, "upcalls in flight per opener (uid and cgroup), 1..1024 (default 8)");
+MODULE_PARM_DESC(upcalls_per_opener, "upcalls in flight per opener (uid and cgroup), 1..1024 (default 4)");
 
 unsigned int vgpu_upcalls_max = 64;
 module_param_cb(upcalls_max, &vgpu_max_ops, &vgpu_upcalls_max, 0444);
