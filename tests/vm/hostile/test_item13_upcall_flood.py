@@ -34,7 +34,7 @@ import pytest
 
 from tests.support import nvclient as nv
 from tests.support import vgpu_genl
-from tests.support.guest import ROOT
+from tests.support.guest import ROOT, set_param
 from tests.support.hostile import TENANT_UID, attacker_binary, spawn_tenant, start_daemon
 from tests.support.nvsim import Fds, heap_free
 from tests.support.vgpud_proc import Daemon
@@ -97,6 +97,9 @@ for line in sys.stdin:
 
 @pytest.fixture
 def daemon(vgpu: Path, daemon_factory, tmp_path: Path) -> Iterator[Daemon]:
+    # The module's default, not the fixture's 2 s for failure tests: a loaded
+    # TCG guest stalls the daemon for seconds now and then, flood or not.
+    set_param("vgpu", "upcall_timeout_ms", "5000")
     d = start_daemon(daemon_factory, tmp_path, TWO_TENANTS)
     yield d
     print(d.log()[-4000:])
