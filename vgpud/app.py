@@ -32,7 +32,7 @@ from vgpud.admin.manager import AdminError, Manager
 from vgpud.core.groups import GroupTracker
 from vgpud.core.ledger import Ledger
 from vgpud.core.observers import Observer, Topic
-from vgpud.host.cgroups import cgroup_path_by_id
+from vgpud.host.cgroups import CgroupPaths
 from vgpud.host.inventory import GpuInfo, discover
 from vgpud.kernel.channel import ChannelError, GenlChannel
 from vgpud.kernel.codec import DecodeError
@@ -98,11 +98,12 @@ def build_quota(config_path: Path | None = None, dbus: str = "try",
     log.info("config %s: %d tenants, %d GPUs", config_path, len(manager.tenants), len(gpus))
     tracker = GroupTracker()
     journal = ChargeAndGroupJournal.resume(config.daemon.charges_path, ledger, groups=tracker)
-    quota = QuotaPolicy(manager, ledger, cgroup_path=cgroup_path_by_id())
+    cgroups = CgroupPaths()
+    quota = QuotaPolicy(manager, ledger, cgroup_path=cgroups)
     policy = SchedPolicy(quota, tracker)
     activity = choose_source([gpu.index for gpu in manager.gpus])
     scheduler = SchedulerService(manager, tracker, activity=activity)
-    app = App(manager, quota, tracker, scheduler, journal=journal, dbus=dbus)
+    app = App(manager, quota, tracker, scheduler, journal=journal, dbus=dbus, cgroups=cgroups)
     subs = app.subscriptions
     if journal is not None:
         subs.add(ledger.observers, journal)
@@ -122,13 +123,16 @@ class App:
 
     def __init__(self, manager: Manager, quota: QuotaPolicy, tracker: GroupTracker,
                  scheduler: SchedulerService, *, journal: ChargeAndGroupJournal | None = None,
-                 dbus: str = "try") -> None:
+                 dbus: str = "try", cgroups: CgroupPaths | None = None) -> None:
+        """``cgroups``: the paths the quota policy looks up for contexts opened
+        before this daemon, found at ``attach``."""
         self.manager = manager
         self.quota = quota
         self.tracker = tracker
         self.scheduler = scheduler
         self.journal = journal
         self.dbus = dbus
+        self.cgroups = cgroups
         self.subscriptions = Subscriptions()
         self.service: AdminService | None = None
         self._bus: MessageBus | None = None
@@ -160,18 +164,25 @@ class App:
         return True
 
     async def attach(self, channel: GenlChannel) -> None:
-        """Registered: drop the restored charges and groups of contexts closed
-        while no daemon ran."""
-        if not self.quota.restored:
+        """Registered: find the cgroup paths of the contexts opened before this
+        daemon (in a worker thread: the loop never walks the cgroup tree), and
+        drop the restored charges and groups of contexts closed while no
+        daemon ran."""
+        if not self.quota.restored and self.cgroups is None:
             return
         try:
             live = await channel.list_contexts()
         except (ChannelError, DecodeError) as exc:
             log.warning("cannot list the live contexts (%s): every restored charge is kept "
-                        "until its context closes", exc)
+                        "until its context closes; contexts opened before this daemon "
+                        "resolve without their cgroup path", exc)
             return
-        for ctx in self.quota.reconcile(live):
-            self.tracker.closed(ctx)
+        if self.cgroups is not None:
+            await self.cgroups.prefetch(
+                c.cgroup_id for c in live if c.ctx_id not in self.quota.restored)
+        if self.quota.restored:
+            for ctx in self.quota.reconcile(live):
+                self.tracker.closed(ctx)
 
     def start_scheduling(self, channel: GenlChannel) -> None:
         self.scheduler.start(ModuleActuator(channel))

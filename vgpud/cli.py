@@ -31,7 +31,7 @@ from rich.table import Table
 
 from vgpud.admin.client import AdminClient, DaemonUnavailable
 from vgpud.kernel import uapi
-from vgpud.kernel.channel import ChannelError, query_module_contexts, query_module_stats
+from vgpud.kernel.channel import ChannelError, query_module_contexts, query_module_counters
 from vgpud.kernel.codec import DecodeError
 
 __all__ = ["main"]
@@ -56,17 +56,19 @@ def main() -> None:
 @main.command("module-stats")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def module_stats(as_json: bool) -> None:
-    """The vgpu module's counters (VGPU_CMD_GET_STATS)."""
+    """The vgpu module's counters (VGPU_CMD_GET_STATS): struct vgpu_stats, then
+    struct vgpu_stats4 (abandoned, throttled, ...) from a module that sends it."""
     try:
-        stats = asyncio.run(query_module_stats())
+        stats, stats4 = asyncio.run(query_module_counters())
     except (ChannelError, DecodeError) as exc:
         click.echo(f"vgpuctl: {exc}", err=True)
         raise SystemExit(EX_UNAVAILABLE) from None
+    counters = asdict(stats) | (asdict(stats4) if stats4 is not None else {})
     if as_json:
-        click.echo(json.dumps(asdict(stats)))
+        click.echo(json.dumps(counters))
         return
     table = Table("counter", "value", title="vgpu module")
-    for name, value in asdict(stats).items():
+    for name, value in counters.items():
         table.add_row(name, str(value))
     Console().print(table)
 

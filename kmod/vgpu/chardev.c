@@ -99,6 +99,7 @@ static void vgpu_msg_init(struct vgpu_upcall_msg *m, struct vgpu_ctx *ctx,
 			  u32 kind)
 {
 	memset(m, 0, sizeof(*m));
+	m->ctx = ctx;
 	m->hdr.ctx_id = ctx->id;
 	m->hdr.cgroup_id = ctx->cgroup_id;
 	m->hdr.kind = kind;
@@ -727,11 +728,14 @@ static int vgpu_open(struct inode *inode, struct file *file)
 	if (!ctx)
 		return -ENOMEM;
 	vgpu_ctx_fill(ctx, nd);
+	err = vgpu_slots_attach(ctx);
+	if (err)
+		goto err_free_ctx;
 
 	if (vgpu_filter_wants(VGPU_FILTER_OPEN)) {
 		err = vgpu_open_upcall(ctx);
 		if (err)
-			goto err_free_ctx;
+			goto err_detach;
 		upcalled = true;
 	}
 	backing = vgpu_backing_open(nd, file->f_flags);
@@ -756,6 +760,8 @@ err_closed:
 		ev.ctx_id = ctx->id;
 		vgpu_event(&ev, NULL, 0, NULL, 0);
 	}
+err_detach:
+	vgpu_slots_detach(ctx);
 err_free_ctx:
 	kfree(ctx);
 	return err;
@@ -773,6 +779,7 @@ static int vgpu_release(struct inode *inode, struct file *file)
 	vgpu_sched_forget(ctx->id);
 	vgpu_shadow_release(ctx);
 	vgpu_event(&ev, NULL, 0, NULL, 0);
+	vgpu_slots_detach(ctx);
 	fput(ctx->backing);
 	kfree_rcu(ctx, rcu);
 	vgpu_uncount(contexts);

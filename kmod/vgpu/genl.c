@@ -210,8 +210,29 @@ static void vgpu_stats_fill(struct vgpu_stats *s)
 	}
 }
 
+/* The same for struct vgpu_counters4 and struct vgpu_stats4 from @abandoned. */
+static void vgpu_stats4_fill(struct vgpu_stats4 *s)
+{
+	u64 *out = &s->abandoned;
+	unsigned int i;
+	int cpu;
+
+	BUILD_BUG_ON(sizeof(struct vgpu_counters4) !=
+		     offsetof(struct vgpu_stats4, reserved));
+	BUILD_BUG_ON(offsetof(struct vgpu_stats4, throttled) !=
+		     offsetof(struct vgpu_counters4, throttled));
+	memset(s, 0, sizeof(*s));
+	for_each_possible_cpu(cpu) {
+		const u64 *c = (const u64 *)per_cpu_ptr(&vgpu_counters4, cpu);
+
+		for (i = 0; i < sizeof(struct vgpu_counters4) / sizeof(u64); i++)
+			out[i] += READ_ONCE(c[i]);
+	}
+}
+
 static int vgpu_nl_get_stats(struct sk_buff *skb, struct genl_info *info)
 {
+	struct vgpu_stats4 stats4;
 	struct vgpu_stats stats;
 	struct sk_buff *msg;
 	void *hdr;
@@ -220,7 +241,8 @@ static int vgpu_nl_get_stats(struct sk_buff *skb, struct genl_info *info)
 	err = vgpu_may_read(info);
 	if (err)
 		return err;
-	msg = genlmsg_new(nla_total_size(sizeof(stats)), GFP_KERNEL);
+	msg = genlmsg_new(nla_total_size(sizeof(stats)) +
+			  nla_total_size(sizeof(stats4)), GFP_KERNEL);
 	if (!msg)
 		return -ENOMEM;
 	hdr = genlmsg_put_reply(msg, info, &vgpu_genl_family, 0,
@@ -228,7 +250,9 @@ static int vgpu_nl_get_stats(struct sk_buff *skb, struct genl_info *info)
 	if (!hdr)
 		goto nospace;
 	vgpu_stats_fill(&stats);
-	if (nla_put(msg, VGPU_A_STATS, sizeof(stats), &stats))
+	vgpu_stats4_fill(&stats4);
+	if (nla_put(msg, VGPU_A_STATS, sizeof(stats), &stats) ||
+	    nla_put(msg, VGPU_A_STATS4, sizeof(stats4), &stats4))
 		goto nospace;
 	genlmsg_end(msg, hdr);
 	return genlmsg_reply(msg, info);

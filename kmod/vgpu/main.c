@@ -34,7 +34,67 @@ bool vgpu_fail_open;
 module_param_named(fail_open, vgpu_fail_open, bool, 0644);
 MODULE_PARM_DESC(fail_open, "forward calls the daemon cannot decide (default: refuse them)");
 
+/* Upcall slots (upcall.c): a bound per context, per opener, in all. */
+static int vgpu_param_set_slots(const char *val, const struct kernel_param *kp,
+				unsigned int max)
+{
+	unsigned int n;
+	int err;
+
+	err = kstrtouint(val, 0, &n);
+	if (err)
+		return err;
+	if (n < 1 || n > max)
+		return -EINVAL;
+	*(unsigned int *)kp->arg = n;
+	return 0;
+}
+
+static int vgpu_param_set_per_ctx(const char *val, const struct kernel_param *kp)
+{
+	return vgpu_param_set_slots(val, kp, 64);
+}
+
+static int vgpu_param_set_per_opener(const char *val,
+				     const struct kernel_param *kp)
+{
+	return vgpu_param_set_slots(val, kp, 1024);
+}
+
+static int vgpu_param_set_max(const char *val, const struct kernel_param *kp)
+{
+	return vgpu_param_set_slots(val, kp, 4096);
+}
+
+static const struct kernel_param_ops vgpu_per_ctx_ops = {
+	.set = vgpu_param_set_per_ctx,
+	.get = param_get_uint,
+};
+
+static const struct kernel_param_ops vgpu_per_opener_ops = {
+	.set = vgpu_param_set_per_opener,
+	.get = param_get_uint,
+};
+
+static const struct kernel_param_ops vgpu_max_ops = {
+	.set = vgpu_param_set_max,
+	.get = param_get_uint,
+};
+
+unsigned int vgpu_upcalls_per_ctx = 4;
+module_param_cb(upcalls_per_ctx, &vgpu_per_ctx_ops, &vgpu_upcalls_per_ctx, 0444);
+MODULE_PARM_DESC(upcalls_per_ctx, "upcalls in flight per open file, 1..64 (default 4)");
+
+unsigned int vgpu_upcalls_per_opener = 4;
+module_param_cb(upcalls_per_opener, &vgpu_per_opener_ops, &vgpu_upcalls_per_opener, 0444);
+MODULE_PARM_DESC(upcalls_per_opener, "upcalls in flight per opener (uid and cgroup), 1..1024 (default 4)");
+
+unsigned int vgpu_upcalls_max = 64;
+module_param_cb(upcalls_max, &vgpu_max_ops, &vgpu_upcalls_max, 0444);
+MODULE_PARM_DESC(upcalls_max, "upcalls in flight in all, 1..4096 (default 64)");
+
 DEFINE_PER_CPU(struct vgpu_counters, vgpu_counters);
+DEFINE_PER_CPU(struct vgpu_counters4, vgpu_counters4);
 
 /* The uapi layouts, as the daemon's tests pin them too. */
 static void __init vgpu_check_abi(void)

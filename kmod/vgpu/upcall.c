@@ -9,6 +9,11 @@
  * the pending table under vgpu_daemon.lock owns the outcome; the others see
  * an unlinked request and back off. The table is a hash by upcall id, so a
  * verdict finds its request without walking the others.
+ *
+ * Before it is sent, an upcall takes a slot of its context, of its opener
+ * and of the module (struct vgpu_opener_slots, vgpu_slots): a caller over a
+ * bound waits for a slot instead of sending, so that no tenant's callers
+ * fill the daemon's socket and the others' upcalls always find room.
  */
 #include <linux/completion.h>
 #include <linux/jiffies.h>
@@ -17,6 +22,7 @@
 #include <linux/skbuff.h>
 #include <linux/slab.h>
 #include <linux/spinlock.h>
+#include <linux/wait.h>
 #include "compat.h"
 #include <net/net_namespace.h>
 
@@ -81,6 +87,190 @@ static struct {
 };
 
 static atomic64_t vgpu_upcall_ids = ATOMIC64_INIT(0);
+
+/**
+ * struct vgpu_opener_slots - the upcall slots of one opener
+ * @node: link in vgpu_slots.openers, by vgpu_opener_key()
+ * @cgroup_id: the openers' cgroup v2 id, at open
+ * @uid: their fsuid, at open (init user namespace)
+ * @users: contexts opened by them that are not released yet
+ * @inflight: upcalls in flight from those contexts, at most
+ *	upcalls_per_opener
+ * @wait: callers of those contexts waiting for one of its slots
+ *
+ * An opener is what the module knows of a tenant: the uid and cgroup that
+ * opened a context, whichever process calls on it now. Freed when its last
+ * context is released.
+ */
+struct vgpu_opener_slots {
+	struct hlist_node node;
+	u64 cgroup_id;
+	u32 uid;
+	u32 users;
+	u32 inflight;
+	wait_queue_head_t wait;
+};
+
+/*
+ * The upcall slots. @lock protects every count of them (@inflight here,
+ * struct vgpu_ctx.inflight, struct vgpu_opener_slots.inflight and .users)
+ * and the links of @openers; it is only taken in process context and never
+ * held while sleeping. The limits are module parameters fixed at load.
+ */
+static struct {
+	spinlock_t lock;		/* protects the fields below */
+	u32 inflight;			/* upcalls in flight, <= upcalls_max */
+	wait_queue_head_t wait;		/* callers waiting for one of those */
+	DECLARE_HASHTABLE(openers, 6);	/* struct vgpu_opener_slots.node */
+} vgpu_slots = {
+	.lock = __SPIN_LOCK_UNLOCKED(vgpu_slots.lock),
+	.wait = __WAIT_QUEUE_HEAD_INITIALIZER(vgpu_slots.wait),
+};
+
+static u64 vgpu_opener_key(u32 uid, u64 cgroup_id)
+{
+	return ((u64)uid << 32) ^ cgroup_id;
+}
+
+/**
+ * vgpu_slots_attach - give a new context its opener's upcall slots
+ * @ctx: the context, its opener filled in, not yet upcalled for
+ *
+ * Return: 0, or -ENOMEM (the open fails).
+ */
+int vgpu_slots_attach(struct vgpu_ctx *ctx)
+{
+	u64 key = vgpu_opener_key(ctx->uid, ctx->cgroup_id);
+	struct vgpu_opener_slots *o, *fresh;
+
+	ctx->inflight = 0;
+	init_waitqueue_head(&ctx->slot_wait);
+	fresh = kzalloc(sizeof(*fresh), GFP_KERNEL);
+	if (!fresh)
+		return -ENOMEM;
+	fresh->uid = ctx->uid;
+	fresh->cgroup_id = ctx->cgroup_id;
+	init_waitqueue_head(&fresh->wait);
+
+	spin_lock(&vgpu_slots.lock);
+	hash_for_each_possible(vgpu_slots.openers, o, node, key)
+		if (o->uid == ctx->uid && o->cgroup_id == ctx->cgroup_id)
+			break;
+	if (!o) {
+		o = fresh;
+		fresh = NULL;
+		hash_add(vgpu_slots.openers, &o->node, key);
+	}
+	o->users++;
+	ctx->slots = o;
+	spin_unlock(&vgpu_slots.lock);
+	kfree(fresh);
+	return 0;
+}
+
+/*
+ * The context is released (or its open failed): nothing calls on it, so
+ * nothing waits for its slots; its opener's go with its last context.
+ */
+void vgpu_slots_detach(struct vgpu_ctx *ctx)
+{
+	struct vgpu_opener_slots *o = ctx->slots, *gone = NULL;
+
+	if (!o)
+		return;
+	spin_lock(&vgpu_slots.lock);
+	if (!--o->users) {
+		hash_del(&o->node);
+		gone = o;
+	}
+	spin_unlock(&vgpu_slots.lock);
+	ctx->slots = NULL;
+	kfree(gone);
+}
+
+/* Takes one of @max slots counted by *@inflight, when one is free. */
+static bool vgpu_slot_take(u32 *inflight, unsigned int max)
+{
+	bool taken;
+
+	spin_lock(&vgpu_slots.lock);
+	taken = *inflight < max;
+	if (taken)
+		(*inflight)++;
+	spin_unlock(&vgpu_slots.lock);
+	return taken;
+}
+
+/* Gives a slot back and wakes the first caller waiting for one. */
+static void vgpu_slot_give(u32 *inflight, wait_queue_head_t *wait)
+{
+	spin_lock(&vgpu_slots.lock);
+	(*inflight)--;
+	spin_unlock(&vgpu_slots.lock);
+	wake_up(wait);
+}
+
+/*
+ * Takes one of @max slots, waiting (killable) while none is free; the first
+ * wait of an upcall counts as throttled. The waiters are exclusive and
+ * queued in the order they came: a slot given back wakes the first. One
+ * that is woken and killed at once either takes the slot (the condition is
+ * checked again) or finds it taken, so no free slot is left with waiters.
+ */
+static int vgpu_slot_wait(u32 *inflight, unsigned int max,
+			  wait_queue_head_t *wait, bool *throttled)
+{
+	if (vgpu_slot_take(inflight, max))
+		return 0;
+	if (!*throttled) {
+		*throttled = true;
+		vgpu_count4(throttled);
+	}
+	if (wait_event_killable_exclusive(*wait, vgpu_slot_take(inflight, max)))
+		return -EINTR;
+	return 0;
+}
+
+/*
+ * One slot of @ctx, of its opener and of the module, taken in that order
+ * and given back in the reverse one. A caller holds at most one upcall's
+ * slots at a time (a POST upcall takes them again after the call), so the
+ * order is the only one and no waiter holds what another waits for but
+ * slots that a verdict or a timeout gives back.
+ */
+static int vgpu_slots_get(struct vgpu_ctx *ctx)
+{
+	struct vgpu_opener_slots *o = ctx->slots;
+	bool throttled = false;
+	int err;
+
+	err = vgpu_slot_wait(&ctx->inflight, vgpu_upcalls_per_ctx,
+			     &ctx->slot_wait, &throttled);
+	if (err)
+		return err;
+	err = vgpu_slot_wait(&o->inflight, vgpu_upcalls_per_opener, &o->wait,
+			     &throttled);
+	if (err)
+		goto err_ctx;
+	err = vgpu_slot_wait(&vgpu_slots.inflight, vgpu_upcalls_max,
+			     &vgpu_slots.wait, &throttled);
+	if (err)
+		goto err_opener;
+	return 0;
+
+err_opener:
+	vgpu_slot_give(&o->inflight, &o->wait);
+err_ctx:
+	vgpu_slot_give(&ctx->inflight, &ctx->slot_wait);
+	return err;
+}
+
+static void vgpu_slots_put(struct vgpu_ctx *ctx)
+{
+	vgpu_slot_give(&vgpu_slots.inflight, &vgpu_slots.wait);
+	vgpu_slot_give(&ctx->slots->inflight, &ctx->slots->wait);
+	vgpu_slot_give(&ctx->inflight, &ctx->slot_wait);
+}
 
 /* Caller holds vgpu_daemon.lock. Completes every pending request with @err. */
 static void vgpu_pending_fail_locked(int err)
@@ -291,6 +481,7 @@ static void vgpu_upcall_abandon(const struct vgpu_upcall_msg *msg,
 		.ret = err,
 	};
 
+	vgpu_count4(abandoned);
 	vgpu_event(&ev, NULL, 0, NULL, 0);
 }
 
@@ -301,23 +492,9 @@ static int vgpu_upcall_lost(const struct vgpu_req *req)
 	return vgpu_fail_policy(req, -EHOSTDOWN);
 }
 
-/**
- * vgpu_upcall - send an upcall and wait for its verdict
- * @msg: the upcall; @msg->hdr.id is assigned here unless set (a POST upcall
- *	keeps the id of the IOCTL upcall it follows: that one has left the
- *	pending table, so one id is never pending twice); @msg->reply_*
- *	receive a REPLY's blocks and @msg->replied says which
- * @v: the verdict, when VGPU_OUT_VERDICT is returned
- *
- * Sleeps killable for at most upcall_timeout_ms. Errors of the fail-closed
- * policy: -EHOSTDOWN when no daemon is registered, its socket is gone or
- * the upcall could not be sent; -ETIMEDOUT when no verdict came in time.
- * A fatal signal returns -EINTR. A POST upcall returns these errors
- * whatever the policy.
- *
- * Return: VGPU_OUT_VERDICT, VGPU_OUT_FORWARD or a negative errno.
- */
-int vgpu_upcall(struct vgpu_upcall_msg *msg, struct vgpu_verdict *v)
+/* vgpu_upcall() once it holds its slots. */
+static int vgpu_upcall_slotted(struct vgpu_upcall_msg *msg,
+			       struct vgpu_verdict *v)
 {
 	struct vgpu_req req;
 	struct sk_buff *skb;
@@ -369,6 +546,40 @@ int vgpu_upcall(struct vgpu_upcall_msg *msg, struct vgpu_verdict *v)
 	vgpu_count(timeouts);
 	vgpu_upcall_abandon(msg, &req, -ETIMEDOUT);
 	return vgpu_fail_policy(&req, -ETIMEDOUT);
+}
+
+/**
+ * vgpu_upcall - send an upcall and wait for its verdict
+ * @msg: the upcall; @msg->hdr.id is assigned here unless set (a POST upcall
+ *	keeps the id of the IOCTL upcall it follows: that one has left the
+ *	pending table, so one id is never pending twice); @msg->reply_*
+ *	receive a REPLY's blocks and @msg->replied says which
+ * @v: the verdict, when VGPU_OUT_VERDICT is returned
+ *
+ * First takes a slot of @msg->ctx, of its opener and of the module,
+ * waiting (killable, counted as throttled) while one of them has none
+ * free; every slot holder's upcall completes within upcall_timeout_ms, so
+ * the wait ends. Then sleeps killable for at most upcall_timeout_ms. Errors of the fail-closed
+ * policy: -EHOSTDOWN when no daemon is registered, its socket is gone or
+ * the upcall could not be sent; -ETIMEDOUT when no verdict came in time.
+ * A fatal signal returns -EINTR (while waiting for a slot too: nothing
+ * was sent). A POST upcall returns these errors
+ * whatever the policy.
+ *
+ * Return: VGPU_OUT_VERDICT, VGPU_OUT_FORWARD or a negative errno.
+ */
+int vgpu_upcall(struct vgpu_upcall_msg *msg, struct vgpu_verdict *v)
+{
+	int ret;
+
+	ret = vgpu_slots_get(msg->ctx);
+	if (ret) {
+		vgpu_count(killed);
+		return ret;
+	}
+	ret = vgpu_upcall_slotted(msg, v);
+	vgpu_slots_put(msg->ctx);
+	return ret;
 }
 
 /* Checks of a verdict on its own, before its upcall is looked up. */

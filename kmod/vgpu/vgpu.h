@@ -15,11 +15,13 @@
 #include <linux/rcupdate.h>
 #include <linux/bitmap.h>
 #include <linux/bits.h>
+#include <linux/wait.h>
 #include <nvidia/nv_ioctl.h>
 #include <uapi/linux/vgpu.h>
 
 struct net;
 struct sk_buff;
+struct vgpu_opener_slots;
 
 #define VGPU_NODE_KINDS		3
 #define VGPU_MAX_GPUS		248	/* nvidia0..nvidia247, as NVIDIA */
@@ -33,6 +35,9 @@ extern char *vgpu_backing_driver;
 extern char *vgpu_backing_uvm_driver;
 extern unsigned int vgpu_upcall_timeout_ms;
 extern bool vgpu_fail_open;
+extern unsigned int vgpu_upcalls_per_ctx;
+extern unsigned int vgpu_upcalls_per_opener;
+extern unsigned int vgpu_upcalls_max;
 
 /*
  * Counters behind struct vgpu_stats, per CPU so that the fast path pays no
@@ -56,10 +61,22 @@ struct vgpu_counters {
 	u64 mmaps;
 };
 
+/* Counters behind struct vgpu_stats4, from @abandoned on, in its order. */
+struct vgpu_counters4 {
+	u64 abandoned;
+	u64 revoked;
+	u64 tampered;
+	u64 throttled;
+	u64 proxies;
+	u64 objects;
+};
+
 DECLARE_PER_CPU(struct vgpu_counters, vgpu_counters);
+DECLARE_PER_CPU(struct vgpu_counters4, vgpu_counters4);
 
 #define vgpu_count(field)	this_cpu_inc(vgpu_counters.field)
 #define vgpu_uncount(field)	this_cpu_dec(vgpu_counters.field)
+#define vgpu_count4(field)	this_cpu_inc(vgpu_counters4.field)
 
 /**
  * struct vgpu_node_dev - one emulated device file, fixed from load to unload
@@ -110,11 +127,16 @@ struct vgpu_shadow_cache {
  * @start_boottime: start time of the opener's process (its thread-group
  *	leader's start_boottime, ns): a pid binding names this process only
  * @shadow: the region its shadow calls reuse (shadow.c)
+ * @slots: the upcall slots of its opener (uid and cgroup), shared by the
+ *	opener's contexts; one reference held from open to release
+ * @inflight: its upcalls in flight, at most upcalls_per_ctx; under
+ *	vgpu_slots.lock (upcall.c)
+ * @slot_wait: its callers waiting for one of its upcall slots
  * @rcu: for kfree_rcu: registry readers may still hold it (ctxreg.c)
  *
- * Immutable after open, but for @shadow (its own lock); in the context
- * registry from open to release; freed by release, after an RCU grace
- * period.
+ * Immutable after open, but for @shadow (its own lock) and @inflight
+ * (vgpu_slots.lock); in the context registry from open to release; freed
+ * by release, after an RCU grace period.
  */
 struct vgpu_ctx {
 	u64 id;
@@ -127,6 +149,9 @@ struct vgpu_ctx {
 	u32 gid;
 	u64 start_boottime;
 	struct vgpu_shadow_cache shadow;
+	struct vgpu_opener_slots *slots;
+	u32 inflight;
+	wait_queue_head_t slot_wait;
 	struct rcu_head rcu;
 };
 
@@ -242,6 +267,7 @@ enum vgpu_outcome {
 
 /**
  * struct vgpu_upcall_msg - one upcall as its sender builds it
+ * @ctx: the context it is made for, whose upcall slots it takes
  * @hdr: the header; @hdr.id 0 asks vgpu_upcall() for a new id
  * @params: the params block sent, or NULL
  * @params_len: its length
@@ -257,6 +283,7 @@ enum vgpu_outcome {
  * @replied: out: VGPU_REPLIED_* of the verdict returned
  */
 struct vgpu_upcall_msg {
+	struct vgpu_ctx *ctx;
 	struct vgpu_upcall hdr;
 	const void *params;
 	u32 params_len;
@@ -291,6 +318,8 @@ struct vgpu_blocks {
 };
 
 int vgpu_upcall(struct vgpu_upcall_msg *msg, struct vgpu_verdict *v);
+int vgpu_slots_attach(struct vgpu_ctx *ctx);
+void vgpu_slots_detach(struct vgpu_ctx *ctx);
 int vgpu_verdict(struct net *net, u32 portid, const struct vgpu_verdict *v,
 		 const struct vgpu_blocks *b, const char **why);
 void vgpu_event(const struct vgpu_event *ev, const void *params, u32 plen,

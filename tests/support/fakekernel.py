@@ -95,9 +95,20 @@ def ack_msg(request: bytes, err: int = 0, message: str | None = None) -> bytes:
     return nlmsg(NLMSG_ERROR, body, flags=flags, seq=seq)
 
 
-def stats_msg(seq: int, stats: Stats) -> bytes:
+STATS4_FIELDS = [n for n in uapi.STATS4.offsets if n != "reserved"]
+
+
+def stats_msg(seq: int, stats: Stats, stats4: uapi.Stats4 | None = None) -> bytes:
     values = [getattr(stats, n) for n in uapi.STATS.offsets]
-    return genl(Cmd.GET_STATS, attr(Attr.STATS, uapi.STATS.struct.pack(*values)), seq=seq)
+    attrs = [attr(Attr.STATS, uapi.STATS.struct.pack(*values))]
+    if stats4 is not None:
+        raw4 = uapi.STATS4.struct.pack(*(getattr(stats4, n) for n in STATS4_FIELDS), 0, 0)
+        attrs.append(attr(Attr.STATS4, raw4))
+    return genl(Cmd.GET_STATS, *attrs, seq=seq)
+
+
+def make_stats4(**kw: int) -> uapi.Stats4:
+    return uapi.Stats4(**(dict.fromkeys(STATS4_FIELDS, 0) | kw))
 
 
 def make_stats(**kw: int) -> Stats:
@@ -154,6 +165,7 @@ class FakeKernel:
     errors: dict[int, int] = field(default_factory=dict)  # cmd -> errno to answer
     silent: set[int] = field(default_factory=set)  # cmds left unanswered
     stats: Stats = field(default_factory=make_stats)
+    stats4: uapi.Stats4 | None = field(default_factory=make_stats4)
     requests: list[int] = field(default_factory=list)
     filters: list[Filter] = field(default_factory=list)
     verdicts: asyncio.Queue = field(default_factory=asyncio.Queue)  # struct vgpu_verdict tuples
@@ -206,7 +218,7 @@ class FakeKernel:
         if cmd == Cmd.SET_FILTER:
             self.filters.append(parse_filter(attrs))
         if cmd == Cmd.GET_STATS:
-            self.send(stats_msg(seq, self.stats))
+            self.send(stats_msg(seq, self.stats, self.stats4))
         if cmd == Cmd.LIST_CONTEXTS:
             self._list_contexts(seq, attrs)
         if cmd == Cmd.SCHEDULE:

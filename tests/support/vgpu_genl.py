@@ -54,6 +54,9 @@ STATS_FIELDS = (
     "bad_verdicts", "mmaps",
 )
 STATS = struct.Struct("=II14Q")
+A_STATS4 = 22
+STATS4_FIELDS = ("abandoned", "revoked", "tampered", "throttled", "proxies", "objects")
+STATS4 = struct.Struct("=8Q")
 
 
 def rule(nodes: int, nr: int, size: int = 0, match_off: int = OFF_NONE,
@@ -201,7 +204,11 @@ class Genl:
 
     def stats(self) -> dict[str, int]:
         _, replies = self.request(CMD_GET_STATS, [])
-        return dict(zip(STATS_FIELDS, STATS.unpack(replies[0][A_STATS]), strict=True))
+        out = dict(zip(STATS_FIELDS, STATS.unpack(replies[0][A_STATS]), strict=True))
+        raw4 = replies[0].get(A_STATS4)
+        if raw4 is not None:  # VGPU_A_STATS4: absent from a module that predates it
+            out |= dict(zip(STATS4_FIELDS, STATS4.unpack(raw4)[:6], strict=True))
+        return out
 
 
 def stats() -> dict[str, int]:

@@ -15,6 +15,7 @@ from tests.support.fakekernel import (
     close_event_msg,
     genl,
     make_stats,
+    make_stats4,
     post_event_msg,
     upcall_msg,
 )
@@ -60,6 +61,20 @@ def test_register_filter_stats_unregister() -> None:
         assert kernel.requests == [Cmd.REGISTER, Cmd.SET_FILTER, Cmd.GET_STATS, Cmd.UNREGISTER]
         assert kernel.filters == [DenyClasses({0x40}).filter()]
         assert stats.upcalls == 3
+        channel.close()
+        kernel.stop()
+
+    run(main())
+
+
+@pytest.mark.parametrize("v4", [True, False], ids=["stats4", "no-stats4"])
+def test_counters_carry_stats4_when_the_module_sends_it(v4: bool) -> None:
+    async def main():
+        stats4 = make_stats4(throttled=9) if v4 else None
+        channel, kernel = await pair(stats=make_stats(upcalls=3), stats4=stats4)
+        stats, got4 = await channel.get_counters()
+        assert stats.upcalls == 3
+        assert got4 == stats4
         channel.close()
         kernel.stop()
 

@@ -17,6 +17,7 @@ from tests.support.fakekernel import (
     close_event_msg,
     genl,
     make_stats,
+    make_stats4,
     nlmsg,
     parse_filter,
     parse_request,
@@ -446,3 +447,17 @@ def test_reply_verdict_carries_data2() -> None:
     assert len(buf) % 4 == 0
     with pytest.raises(ValueError):
         Verdict.reply(data2=b"x" * (uapi.PARAMS_MAX + 1))
+
+
+def test_stats4_reply() -> None:
+    stats4 = make_stats4(throttled=3, abandoned=2**63)
+    reply = decode_one(stats_msg(9, make_stats(), stats4))
+    assert type(reply) is Reply
+    assert codec.decode_stats4(reply) == stats4
+
+
+def test_stats4_absent_from_an_older_module() -> None:
+    reply = decode_one(stats_msg(9, make_stats()))
+    assert type(reply) is Reply and codec.decode_stats4(reply) is None
+    with pytest.raises(DecodeError):
+        codec.decode_stats4(Reply(1, Cmd.REGISTER, {}))

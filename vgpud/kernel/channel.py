@@ -46,7 +46,7 @@ from vgpud.kernel.codec import (
     Reply,
     Upcall,
 )
-from vgpud.kernel.uapi import Context, Filter, Sched, SchedResult, Stats, Verdict
+from vgpud.kernel.uapi import Context, Filter, Sched, SchedResult, Stats, Stats4, Verdict
 
 __all__ = [
     "AlreadyRegistered",
@@ -59,6 +59,7 @@ __all__ = [
     "RequestFailed",
     "UpcallHandler",
     "query_module_contexts",
+    "query_module_counters",
     "query_module_stats",
     "resolve_family",
 ]
@@ -69,6 +70,10 @@ NETLINK_GENERIC = 16  # missing from Python's socket module
 SOL_NETLINK = 270
 NETLINK_EXT_ACK = 11
 SO_RCVBUFFORCE = 33
+# 8 MiB asked, 16 MiB granted: room for every upcall the module lets be in
+# flight at once (upcalls_max, default 64, each at most 2 x VGPU_PARAMS_MAX of
+# blocks, about 64 KiB of buffer) and the event each may leave queued, twice
+# over (docs/architecture.md, Concurrency model).
 RCVBUF = 8 << 20
 RECV_SIZE = 1 << 16  # above VGPU_PARAMS_MAX twice (params + data) plus headers
 BATCH = 64  # datagrams handled per wakeup before yielding to the loop
@@ -200,6 +205,13 @@ class GenlChannel:
         except OSError:
             sock.close()
             raise
+        # The kernel doubles what it is asked for (bookkeeping overhead); the
+        # module's upcall slots (upcalls_max) are sized for RCVBUF.
+        got = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        if got < rcvbuf:
+            log.warning("netlink receive buffer is %d KiB, below the %d KiB asked for "
+                        "(net.core.rmem_max, and not root?): a burst of upcalls may "
+                        "overflow it", got >> 10, rcvbuf >> 10)
         channel = cls(sock, family_id, handler)
         channel.start()
         return channel
@@ -247,11 +259,16 @@ class GenlChannel:
             self._family_id, seq, filt))
 
     async def get_stats(self) -> Stats:
+        return (await self.get_counters())[0]
+
+    async def get_counters(self) -> tuple[Stats, Stats4 | None]:
+        """The module's counters: struct vgpu_stats and, from a module that
+        sends it, struct vgpu_stats4 (one GET_STATS)."""
         replies = await self._request("get stats", lambda seq: codec.encode_get_stats(
             self._family_id, seq))
         for reply in replies:
             if reply.cmd == uapi.Cmd.GET_STATS:
-                return codec.decode_stats(reply)
+                return codec.decode_stats(reply), codec.decode_stats4(reply)
         raise ChannelError("GET_STATS got no VGPU_A_STATS reply")
 
     async def list_contexts(self) -> list[Context]:
@@ -444,6 +461,15 @@ async def query_module_stats() -> Stats:
     channel = await GenlChannel.open()
     try:
         return await channel.get_stats()
+    finally:
+        channel.close()
+
+
+async def query_module_counters() -> tuple[Stats, Stats4 | None]:
+    """The module's counters, v4's too, on a channel of their own (vgpuctl)."""
+    channel = await GenlChannel.open()
+    try:
+        return await channel.get_counters()
     finally:
         channel.close()
 

@@ -31,6 +31,7 @@ from vgpud.kernel.uapi import (
     Sched,
     SchedResult,
     Stats,
+    Stats4,
     UpcallKind,
     Verdict,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "decode_datagram",
     "decode_sched_results",
     "decode_stats",
+    "decode_stats4",
     "encode_get_stats",
     "encode_list_contexts",
     "encode_register",
@@ -473,6 +475,14 @@ def decode_stats(reply: Reply) -> Stats:
     if reply.cmd != Cmd.GET_STATS or raw is None:
         raise DecodeError("not a GET_STATS reply with VGPU_A_STATS")
     return Stats.unpack(raw)
+
+
+def decode_stats4(reply: Reply) -> Stats4 | None:
+    """The struct vgpu_stats4 of a GET_STATS reply; None from a module without it."""
+    if reply.cmd != Cmd.GET_STATS:
+        raise DecodeError("not a GET_STATS reply")
+    raw = reply.attrs.get(Attr.STATS4)
+    return None if raw is None else Stats4.unpack(raw)
 
 
 def decode_contexts(reply: Reply) -> tuple[list[Context], int]:
