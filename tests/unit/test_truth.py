@@ -29,6 +29,7 @@ from vgpud.kernel.uapi import (
 )
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Escape, NvStatus
+from vgpud.policy.quota import granule
 
 MIB = 2**20
 GIB = 2**30
@@ -226,9 +227,9 @@ def test_the_ledger_holds_the_true_sizes_of_what_exists(tmp_path_factory, steps)
     w = World(tmp_path_factory.mktemp("w"), truth=True)
     drv = Driver()
     client, _, sub = setup_gpu(w, 1)
-    for n, (pages, granule, made, spoof, free) in enumerate(steps):
+    for n, (pages, pages_per, made, spoof, free) in enumerate(steps):
         size = pages * 4096
-        true = -(-size // (granule * 4096)) * granule * 4096
+        true = -(-size // (pages_per * 4096)) * pages_per * 4096
         alloc(w, drv, client, sub, size, 0x100 + n, made=true if made else None,
               status=OOM if spoof else 0, shown=0x999 if spoof else None)
         if free and (client, 0x100 + n) in drv.objects:
@@ -236,3 +237,29 @@ def test_the_ledger_holds_the_true_sizes_of_what_exists(tmp_path_factory, steps)
             w.free(1, client, 0x100 + n)
         held = sum(s for (c, _h), (_k, _p, s) in drv.objects.items() if c == client)
         assert w.used("a") == held <= GIB
+
+
+@pytest.mark.parametrize(("attr", "attr2", "alignment", "want"), [
+    (0, 0, 0, 4096),
+    (1 << 23, 0, 0, 4096),
+    (2 << 23, 0, 0, 64 << 10),
+    (3 << 23, 0, 0, 2 * MIB),
+    (3 << 23, 1 << 20, 0, 2 * MIB),
+    (3 << 23, 2 << 20, 0, 512 * MIB),
+    (0, 0, 8 * MIB, 8 * MIB),
+    (0, 0, 3 * MIB, 4096),  # not a power of two: the driver refuses it
+    (3 << 23, 0, MIB, 2 * MIB),
+])
+def test_the_reservation_rounds_as_the_driver_does(attr, attr2, alignment, want) -> None:
+    assert granule(attr, attr2, alignment) == want
+
+
+def test_a_huge_page_reservation_holds_its_page(w: World) -> None:
+    client, _, sub = setup_gpu(w, 1)
+    values = [0] * 23
+    values[6], values[7], values[13] = 3 << 23, 1 << 20, 4096  # attr HUGE, attr2 2MB, size
+    mem = L.NV_MEMORY_ALLOCATION_PARAMS.struct.pack(*values)
+    _, verdict = w.upcall(1, _alloc_params(client, sub, 0x100, 0x40, 21, mem), mem,
+                          nr=Escape.RM_ALLOC)
+    assert verdict == ALLOW_POST
+    assert w.ledger.usage("a", 0).reserved == 2 * MIB

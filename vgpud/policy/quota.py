@@ -57,6 +57,7 @@ from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import (
     DEVICE_MEMORY_CLASSES,
     FB_INFO_MAX_LIST_SIZE,
+    NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED,
     NVOS32_ALLOC_FLAGS_VIRTUAL,
     Ctrl,
     Escape,
@@ -134,8 +135,31 @@ _NEW_HANDLE: dict[tuple[int, int], int] = {
 }
 
 
-def page_round(size: int) -> int:
-    return -(-size // PAGE_SIZE) * PAGE_SIZE
+def page_round(size: int, granule: int = PAGE_SIZE) -> int:
+    return -(-size // granule) * granule
+
+
+# NVOS32_ATTR_PAGE_SIZE (attr 24:23) and NVOS32_ATTR2_PAGE_SIZE_HUGE (attr2 21:20),
+# nvos.h: the page size an allocation asks for, which the driver rounds it up to.
+_BIG_PAGE, _HUGE_PAGES = 64 << 10, {0: 2 << 20, 1: 2 << 20, 2: 512 << 20, 3: 256 << 30}
+
+
+def granule(attr: int, attr2: int, alignment: int) -> int:
+    """What the driver rounds an allocation's size up to: its page size (BIG:
+    64 KiB; HUGE: 2 MiB, 512 MiB or 256 GiB by attr2; else 4 KiB), or a larger
+    power-of-two alignment. A reservation of the size rounded so fits what the
+    driver makes; the driver's truth settles the charge (a GPU's big pages may
+    be 128 KiB, a default page size may be chosen larger)."""
+    match attr >> 23 & 3:
+        case 2:
+            page = _BIG_PAGE
+        case 3:
+            page = _HUGE_PAGES[attr2 >> 20 & 3]
+        case _:
+            page = PAGE_SIZE
+    if alignment > page and not alignment & (alignment - 1):
+        return alignment
+    return page
 
 
 # --- what an allowed call waits for (by upcall id) ----------------------------
@@ -442,7 +466,9 @@ class QuotaPolicy:
                 return Verdict.fail_status(_params_status(upcall, call.p_alloc_params,
                                                           call.params_size), call.status_off)
             return self._reserve(upcall, tenant, call.h_root, call.h_parent, call.h_new,
-                                 alloc.size, call.status_off, frozenset({h_class}))
+                                 page_round(alloc.size, granule(alloc.attr, alloc.attr2,
+                                                                alloc.alignment)),
+                                 call.status_off, frozenset({h_class}))
         if h_class in TREE_CLASSES:
             gpu = None
             if h_class == NvClass.DEVICE_0:
@@ -510,8 +536,12 @@ class QuotaPolicy:
             return Verdict.fail_status(NvStatus.INVALID_ARGUMENT, L.NVOS32.offsets["status"])
         if alloc.flags & NVOS32_ALLOC_FLAGS_VIRTUAL:
             return ALLOW
-        return self._reserve(upcall, tenant, call.h_root, call.h_parent, alloc.h_memory,
-                             alloc.size, L.NVOS32.offsets["status"], DEVICE_MEMORY_CLASSES)
+        # hMemory is the caller's only with MEMORY_HANDLE_PROVIDED; else the driver's.
+        handle = alloc.h_memory if alloc.flags & NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED else 0
+        return self._reserve(upcall, tenant, call.h_root, call.h_parent, handle,
+                             page_round(alloc.size, granule(alloc.attr, alloc.attr2,
+                                                            alloc.alignment)),
+                             L.NVOS32.offsets["status"], DEVICE_MEMORY_CLASSES)
 
     def _reserve(self, upcall: Upcall, tenant: str, client: int, h_parent: int, h_new: int,
                  size: int, status_off: int, classes: frozenset[int]) -> Verdict:
