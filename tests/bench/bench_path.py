@@ -17,7 +17,12 @@ the two nodes it compares so that both see the same noise:
    responder at p50 and p99;
 3. allocation round trip: a 1 MiB memory allocation and its free through
    vgpud's slow path, against the same pair straight on nvsim; class 0x3F
-   plain and class 0x40 with shadow calls, interleaved call by call.
+   plain and class 0x40 with shadow calls, interleaved call by call;
+4. the driver-truth check: the same round trip through vgpud's quota policy,
+   which answers the allocation with ALLOW + POST and, on its POST upcall,
+   asks the driver for the object's class, parent and size (VGPU_CMD_OBJECT)
+   before its verdict, against the vgpud+shadow figure of 3 (one upcall and a
+   POST event): the difference is the truth check's cost per allocation.
 
 Prints a table of figures; asserts nothing (see docs/performance.md).
 """
@@ -208,8 +213,30 @@ def main() -> None:
     print(f"  ratio p50 {pct(plain, .5) / pct(direct, .5):.2f}, with shadow "
           f"{pct(shadow, .5) / pct(direct, .5):.2f}")
 
+    truth = truth_ns(args.allocs)
+    print("driver-truth check (1 MiB alloc + free through the quota policy: POST upcall "
+          "and OBJECT)")
+    print(f"  vgpud quota   p50 {pct(truth, .5):9d} ns  p99 {pct(truth, .99):9d} ns")
+    print(f"  truth check (quota - vgpud+shadow): p50 {pct(truth, .5) - pct(shadow, .5)} ns, "
+          f"p99 {pct(truth, .99) - pct(shadow, .99)} ns; ratio to direct p50 "
+          f"{pct(truth, .5) / pct(direct, .5):.2f}")
+
     sh("rmmod", "vgpu")
     sh("rmmod", "nvsim")
+
+
+def truth_ns(count: int) -> list[int]:
+    """Round trips of class 0x40 through vgpud's quota policy (root a tenant)."""
+    d_dir = Path(tempfile.mkdtemp())
+    config = d_dir / "vgpud.toml"
+    config.write_text(f'[daemon]\nstate_path = "{d_dir / "state.json"}"\n'
+                      f'charges_path = "{d_dir / "charges"}"\n\n'
+                      '[[tenant]]\nname = "bench"\nmemory = "2GiB"\nmatch = [{ uid = 0 }]\n')
+    d = Daemon("--config", str(config), "--no-dbus", log_level="warning").start()
+    try:
+        return alloc_free_ns(nv.NvNodes("/dev/vgpu"), count)[SHADOW]
+    finally:
+        d.stop()
 
 
 if __name__ == "__main__":
