@@ -154,7 +154,8 @@ struct nvsim_group {
 struct nvsim_mem {
 	unsigned int refs;		/* handles that refer to it */
 	struct nvsim_gpu *gpu;
-	u64 size;			/* page aligned */
+	u64 size;			/* rounded to its granule */
+	u64 page_size;			/* chosen from attr/attr2 */
 	u64 fb_offset;
 	bool charged;
 	struct nvsim_store *store;	/* lazily, counted */

@@ -9,10 +9,12 @@
  * returns 0; user pointers inside params give a status when they fault.
  */
 #include <linux/bits.h>
+#include <linux/log2.h>
 #include <linux/file.h>
 #include <linux/mm.h>
 #include <linux/mutex.h>
 #include <linux/sched.h>
+#include <linux/sizes.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
 #include <linux/xarray.h>
@@ -31,6 +33,19 @@ static unsigned int nvsim_nclients;
 
 /* Largest virtual allocation accepted (it charges nothing). */
 #define NVSIM_MAX_VIRTUAL	BIT_ULL(50)
+
+/* Most entries of one GET_SURFACE_INFO list (nvsim's bound). */
+#define NVSIM_SURFACE_INFO_MAX	16
+
+/*
+ * What an allocation asks of its layout: the page size (NVOS32 attr and
+ * attr2) and an alignment in bytes (0: none).
+ */
+struct nvsim_layout {
+	u32 attr;
+	u32 attr2;
+	u64 alignment;
+};
 
 union nvsim_alloc_params {
 	struct nv0080_alloc_params device;
@@ -291,14 +306,54 @@ err_free:
 }
 
 /*
+ * The granule an allocation's size rounds up to, as the driver's heap
+ * does: the page size chosen by NVOS32_ATTR_PAGE_SIZE (DEFAULT and 4KB:
+ * 4 KiB; BIG: 64 KiB; HUGE: 2 MiB, or 512 MiB with
+ * NVOS32_ATTR2_PAGE_SIZE_HUGE_512MB; 256 GiB pages are not supported
+ * here), or the alignment asked for when larger (a power of two).
+ */
+static u32 nvsim_granule(const struct nvsim_layout *l, u64 *granule,
+			 u64 *page)
+{
+	u32 ps = (l->attr >> NVOS32_ATTR_PAGE_SIZE_SHIFT) &
+		 NVOS32_ATTR_PAGE_SIZE_MASK;
+	u32 huge = (l->attr2 >> NVOS32_ATTR2_PAGE_SIZE_HUGE_SHIFT) &
+		   NVOS32_ATTR2_PAGE_SIZE_HUGE_MASK;
+
+	switch (ps) {
+	case NVOS32_ATTR_PAGE_SIZE_BIG:
+		*page = SZ_64K;
+		break;
+	case NVOS32_ATTR_PAGE_SIZE_HUGE:
+		if (huge == NVOS32_ATTR2_PAGE_SIZE_HUGE_256GB)
+			return NV_ERR_NOT_SUPPORTED;
+		*page = huge == NVOS32_ATTR2_PAGE_SIZE_HUGE_512MB ? SZ_512M :
+			SZ_2M;
+		break;
+	default:
+		*page = SZ_4K;
+		break;
+	}
+	if (l->alignment && (!is_power_of_2(l->alignment) ||
+			     l->alignment > NVSIM_MAX_VIRTUAL))
+		return NV_ERR_INVALID_ARGUMENT;
+	*granule = max_t(u64, *page, l->alignment);
+	return NV_OK;
+}
+
+/*
  * Memory objects: local memory (charged against the GPU), system memory
  * (not charged; RM_ALLOC_MEMORY only) and virtual ranges (not charged).
- * Sizes round up to the page; *size and *offset return what was given.
+ * Sizes round up to the page size and alignment of @l (nvsim_granule),
+ * and what is charged is the rounded size; *size and *offset return what
+ * was given, as the driver reports them.
  */
 static u32 nvsim_mem_alloc(struct nvsim_client *c, struct nvsim_obj *parent,
-			   u32 *handle, u32 hclass, u64 *size, u64 *offset,
-			   struct nvsim_obj **out)
+			   u32 *handle, u32 hclass, const struct nvsim_layout *l,
+			   u64 *size, u64 *offset, struct nvsim_obj **out)
 {
+	u64 granule, page;
+
 	bool virt = hclass == NV50_MEMORY_VIRTUAL;
 	bool charged = hclass == NV01_MEMORY_LOCAL_USER ||
 		       hclass == NV01_MEMORY_LOCAL_PRIVILEGED ||
@@ -317,13 +372,19 @@ static u32 nvsim_mem_alloc(struct nvsim_client *c, struct nvsim_obj *parent,
 	gpu = parent->gpu;
 	if (!sz)
 		return NV_ERR_INVALID_ARGUMENT;
+	st = nvsim_granule(l, &granule, &page);
+	if (st)
+		return st;
 	if (virt) {
 		if (sz > NVSIM_MAX_VIRTUAL)
 			return NV_ERR_INVALID_LIMIT;
 	} else if (sz > gpu->capacity) {
 		return NV_ERR_NO_MEMORY;
 	}
-	sz = PAGE_ALIGN(sz);
+	/* Both bounds are far below 2^64 - granule: no overflow. */
+	sz = round_up(sz, granule);
+	if (!virt && sz > gpu->capacity)
+		return NV_ERR_NO_MEMORY;
 	if (charged && sz > gpu->capacity - gpu->used)
 		return NV_ERR_NO_MEMORY;
 
@@ -339,10 +400,11 @@ static u32 nvsim_mem_alloc(struct nvsim_client *c, struct nvsim_obj *parent,
 	m->refs = 1;
 	m->gpu = gpu;
 	m->size = sz;
+	m->page_size = page;
 	m->charged = charged;
 	if (!virt) {
-		m->fb_offset = gpu->next_fb;
-		gpu->next_fb += sz;
+		m->fb_offset = round_up(gpu->next_fb, granule);
+		gpu->next_fb = m->fb_offset + sz;
 	}
 	if (charged)
 		gpu->used += sz;
@@ -392,6 +454,7 @@ static u32 nvsim_alloc_locked(struct nvsim_file *nf, u32 hroot, u32 hparent,
 {
 	struct nvsim_client *c;
 	struct nvsim_obj *parent, *obj;
+	struct nvsim_layout l;
 	u32 st;
 
 	if (cls->kind == NVSIM_OBJ_CLIENT)
@@ -410,7 +473,12 @@ static u32 nvsim_alloc_locked(struct nvsim_file *nf, u32 hroot, u32 hparent,
 	switch (cls->kind) {
 	case NVSIM_OBJ_MEMORY:
 	case NVSIM_OBJ_VIRTUAL:
-		st = nvsim_mem_alloc(c, parent, handle, cls->hclass,
+		l = (struct nvsim_layout) {
+			.attr = prm->memory.attr,
+			.attr2 = prm->memory.attr2,
+			.alignment = prm->memory.alignment,
+		};
+		st = nvsim_mem_alloc(c, parent, handle, cls->hclass, &l,
 				     &prm->memory.size, &prm->memory.offset,
 				     NULL);
 		if (!st)
@@ -610,11 +678,22 @@ struct nvsim_ctrl {
 	u32 cmd;
 	enum nvsim_obj_kind kind;	/* class the control is exported on */
 	u32 size;
+	u32 list_max;	/* params begin {u32 n; u32 pad; u64 list}: max n */
 };
+
+/* A control of NVSIM_OBJ_MEMORY is exported on every memory class. */
+static bool nvsim_ctrl_on(const struct nvsim_ctrl *ctrl,
+			  const struct nvsim_obj *obj)
+{
+	if (ctrl->kind == NVSIM_OBJ_MEMORY)
+		return nvsim_is_memory(obj);
+	return ctrl->kind == obj->kind;
+}
 
 static const struct nvsim_ctrl nvsim_ctrls[] = {
 	{ NV2080_CTRL_CMD_FB_GET_INFO, NVSIM_OBJ_SUBDEVICE,
-	  sizeof(struct nv2080_fb_get_info_params) },
+	  sizeof(struct nv2080_fb_get_info_params),
+	  NV2080_CTRL_FB_INFO_MAX_LIST_SIZE },
 	{ NV2080_CTRL_CMD_FB_GET_INFO_V2, NVSIM_OBJ_SUBDEVICE,
 	  sizeof(struct nv2080_fb_get_info_v2_params) },
 	{ NVA06C_CTRL_CMD_GPFIFO_SCHEDULE, NVSIM_OBJ_TSG,
@@ -625,7 +704,73 @@ static const struct nvsim_ctrl nvsim_ctrls[] = {
 	  sizeof(struct nva06c_timeslice_params) },
 	{ NVSIM_CTRL_CMD_GET_WORK_STATS, NVSIM_OBJ_TSG,
 	  sizeof(struct nvsim_work_stats_params) },
+	{ NV0000_CTRL_CMD_CLIENT_GET_HANDLE_INFO, NVSIM_OBJ_CLIENT,
+	  sizeof(struct nv0000_client_get_handle_info_params) },
+	{ NV0041_CTRL_CMD_GET_SURFACE_INFO, NVSIM_OBJ_MEMORY,
+	  sizeof(struct nv0041_get_surface_info_params),
+	  NVSIM_SURFACE_INFO_MAX },
 };
+
+/*
+ * CLIENT_GET_HANDLE_INFO on a client: the parent's handle (0 for the
+ * client itself) or the class of one of its objects.
+ */
+static u32 nvsim_handle_info(struct nvsim_obj *client,
+			     struct nv0000_client_get_handle_info_params *p)
+{
+	struct nvsim_obj *obj = nvsim_obj_get(client->client, p->h_object);
+
+	if (!obj)
+		return NV_ERR_INVALID_OBJECT_HANDLE;
+	switch (p->index) {
+	case NV0000_CTRL_CMD_CLIENT_GET_HANDLE_INFO_INDEX_PARENT:
+		p->data.i_result = 0;
+		p->data.h_result = obj->parent ? obj->parent->handle : 0;
+		return NV_OK;
+	case NV0000_CTRL_CMD_CLIENT_GET_HANDLE_INFO_INDEX_CLASSID:
+		p->data.i_result = obj->hclass;
+		return NV_OK;
+	default:
+		return NV_ERR_INVALID_ARGUMENT;
+	}
+}
+
+/* GET_SURFACE_INFO: PHYS_SIZE is the size allocated, in 4 KiB units. */
+static u32 nvsim_surface_info(const struct nvsim_obj *obj,
+			      struct nv0041_surface_info *list, u32 n)
+{
+	const struct nvsim_mem *m = obj->mem.m;
+	u32 i;
+
+	for (i = 0; i < n; i++) {
+		switch (list[i].index) {
+		case NV0041_CTRL_SURFACE_INFO_INDEX_ATTRS:
+		case NV0041_CTRL_SURFACE_INFO_INDEX_COMPR_COVERAGE:
+			list[i].data = 0;
+			break;
+		case NV0041_CTRL_SURFACE_INFO_INDEX_PHYS_SIZE:
+			list[i].data = m->size /
+				NV0041_CTRL_SURFACE_INFO_PHYS_SIZE_SCALE_FACTOR;
+			break;
+		case NV0041_CTRL_SURFACE_INFO_INDEX_PHYS_ATTR:
+			list[i].data = (m->page_size >= SZ_2M ?
+					NVOS32_ATTR_PAGE_SIZE_HUGE :
+					m->page_size >= SZ_64K ?
+					NVOS32_ATTR_PAGE_SIZE_BIG :
+					NVOS32_ATTR_PAGE_SIZE_4KB) <<
+				       NVOS32_ATTR_PAGE_SIZE_SHIFT;
+			break;
+		case NV0041_CTRL_SURFACE_INFO_INDEX_ADDR_SPACE_TYPE:
+			list[i].data = m->charged ?
+				NV0000_CTRL_CMD_CLIENT_GET_ADDR_SPACE_TYPE_VIDMEM :
+				NV0000_CTRL_CMD_CLIENT_GET_ADDR_SPACE_TYPE_SYSMEM;
+			break;
+		default:
+			return NV_ERR_INVALID_ARGUMENT;
+		}
+	}
+	return NV_OK;
+}
 
 static u32 nvsim_ctrl_target(struct nvsim_file *nf, const struct nvos54 *p,
 			     struct nvsim_obj **out)
@@ -694,6 +839,10 @@ static u32 nvsim_ctrl_run(struct nvsim_obj *obj, u32 cmd, void *prm,
 	case NVSIM_CTRL_CMD_GET_WORK_STATS:
 		nvsim_group_stats(&obj->tsg, prm);
 		return NV_OK;
+	case NV0000_CTRL_CMD_CLIENT_GET_HANDLE_INFO:
+		return nvsim_handle_info(obj, prm);
+	case NV0041_CTRL_CMD_GET_SURFACE_INFO:
+		return nvsim_surface_info(obj, (void *)list, fb->list_size);
 	default:
 		return NV_ERR_NOT_SUPPORTED;
 	}
@@ -729,7 +878,7 @@ static u32 nvsim_control(struct nvsim_file *nf, struct nvos54 *p)
 
 	mutex_lock(&nvsim_lock);
 	st = nvsim_ctrl_target(nf, p, &obj);
-	if (!st && (!ctrl || ctrl->kind != obj->kind))
+	if (!st && (!ctrl || !nvsim_ctrl_on(ctrl, obj)))
 		st = NV_ERR_NOT_SUPPORTED;
 	mutex_unlock(&nvsim_lock);
 	if (st)
@@ -745,11 +894,16 @@ static u32 nvsim_control(struct nvsim_file *nf, struct nvos54 *p)
 		goto out;
 	}
 
-	/* FB_GET_INFO points at its list: copy that in too. */
+	/*
+	 * FB_GET_INFO and GET_SURFACE_INFO point at their lists of
+	 * {index, data}: copy that in too.
+	 */
+	BUILD_BUG_ON(sizeof(struct nv0041_get_surface_info_params) !=
+		     sizeof(*fb));
+	BUILD_BUG_ON(sizeof(struct nv0041_surface_info) != sizeof(*list));
 	fb = prm;
-	if (p->cmd == NV2080_CTRL_CMD_FB_GET_INFO) {
-		if (!fb->list_size ||
-		    fb->list_size > NV2080_CTRL_FB_INFO_MAX_LIST_SIZE ||
+	if (ctrl->list_max) {
+		if (!fb->list_size || fb->list_size > ctrl->list_max ||
 		    !fb->list) {
 			st = NV_ERR_INVALID_ARGUMENT;
 			goto out;
@@ -768,7 +922,7 @@ static u32 nvsim_control(struct nvsim_file *nf, struct nvos54 *p)
 
 	mutex_lock(&nvsim_lock);
 	st = nvsim_ctrl_target(nf, p, &obj);
-	if (!st && obj->kind != ctrl->kind)
+	if (!st && !nvsim_ctrl_on(ctrl, obj))
 		st = NV_ERR_NOT_SUPPORTED;
 	if (!st)
 		st = nvsim_ctrl_run(obj, p->cmd, prm, list);
@@ -802,6 +956,7 @@ int nvsim_rm_control(struct nvsim_file *nf, struct nvos54 *p)
  */
 int nvsim_rm_alloc_memory(struct nvsim_file *nf, struct nvos02_with_fd *p)
 {
+	const struct nvsim_layout l = {};	/* 4 KiB pages */
 	struct nvsim_client *c;
 	struct nvsim_obj *parent, *obj;
 	u64 size, offset;
@@ -830,8 +985,8 @@ int nvsim_rm_alloc_memory(struct nvsim_file *nf, struct nvos02_with_fd *p)
 		st = NV_ERR_INVALID_OBJECT_PARENT;
 		goto out;
 	}
-	st = nvsim_mem_alloc(c, parent, &p->h_object_new, p->h_class, &size,
-			     &offset, &obj);
+	st = nvsim_mem_alloc(c, parent, &p->h_object_new, p->h_class, &l,
+			     &size, &offset, &obj);
 	if (!st) {
 		p->limit = size - 1;
 		p->p_memory = nvsim_bar1_base(obj->gpu) + offset;
@@ -856,6 +1011,7 @@ struct nvsim_heap_alloc {
 	u32 *partition_stride;
 	u64 range_lo;
 	u64 range_hi;
+	struct nvsim_layout layout;
 };
 
 /*
@@ -901,7 +1057,7 @@ static u32 nvsim_heap_alloc(struct nvsim_client *c, struct nvsim_obj *parent,
 	}
 	st = nvsim_mem_alloc(c, parent, &h,
 			     virt ? NV50_MEMORY_VIRTUAL : NV01_MEMORY_LOCAL_USER,
-			     r->size, r->offset, &obj);
+			     &r->layout, r->size, r->offset, &obj);
 	if (st)
 		return st;
 	*r->h_memory = h;
@@ -925,6 +1081,7 @@ static u32 nvsim_alloc_size(struct nvsim_client *c, struct nvsim_obj *parent,
 		.flags = a->flags, .h_memory = &a->h_memory, .size = &a->size,
 		.offset = &a->offset, .limit = &a->limit,
 		.partition_stride = &a->partition_stride,
+		.layout = { a->attr, a->attr2, a->alignment },
 	};
 
 	nvsim_heap_range_opt(&r, a->range_begin, a->range_end);
@@ -939,6 +1096,7 @@ static u32 nvsim_alloc_tiled(struct nvsim_client *c, struct nvsim_obj *parent,
 		.flags = a->flags, .h_memory = &a->h_memory, .size = &a->size,
 		.offset = &a->offset, .limit = &a->limit,
 		.partition_stride = &a->partition_stride,
+		.layout = { a->attr, a->attr2, a->alignment },
 	};
 
 	a->size = (u64)a->height * (u64)(s64)a->pitch;
@@ -954,6 +1112,7 @@ static u32 nvsim_alloc_range(struct nvsim_client *c, struct nvsim_obj *parent,
 		.offset = &a->offset, .limit = &a->limit,
 		.partition_stride = &a->partition_stride,
 		.range_lo = a->range_begin, .range_hi = a->range_end,
+		.layout = { a->attr, a->attr2, a->alignment },
 	};
 
 	return nvsim_heap_alloc(c, parent, &r);

@@ -254,7 +254,9 @@ static void vgpu_post_event(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 /*
  * After a call allowed with VGPU_VERDICT_F_POST: a POST upcall with the
  * same id, the call's results and the driver's @dret. ALLOW keeps them
- * (the call returns @ret), REPLY replaces them (the call returns 0).
+ * (the call returns @ret), REPLY replaces them (the call returns 0), and
+ * FAIL_STATUS writes its status over the caller's (the daemon undid the
+ * call: an allocation found over quota was freed; the call returns 0).
  * Without a verdict the call has still happened: its results stay,
  * whatever the fail policy; vgpu_upcall() counted why.
  */
@@ -270,9 +272,20 @@ static long vgpu_post_upcall(const struct vgpu_call *c, struct vgpu_slow *s,
 	m->hdr.caller_pid = task_pid_nr(current);
 	m->hdr.caller_tgid = task_tgid_nr(current);
 	out = vgpu_upcall(m, &v);
-	if (out != VGPU_OUT_VERDICT || v.action != VGPU_VERDICT_REPLY)
+	if (out != VGPU_OUT_VERDICT)
 		return ret;
-	return vgpu_reply_write(c, s);
+	switch (v.action) {
+	case VGPU_VERDICT_REPLY:
+		return vgpu_reply_write(c, s);
+	case VGPU_VERDICT_FAIL_STATUS:
+		/* Checked against the upcall: status_off + 4 <= its params. */
+		if (put_user(v.status,
+			     (u32 __user *)(c->params + v.status_off)))
+			return -EFAULT;
+		return 0;
+	default:
+		return ret;
+	}
 }
 
 /*
@@ -470,8 +483,14 @@ static long vgpu_slow_allow(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 {
 	struct vgpu_upcall_msg *m = &s->m;
 	u32 rflags = s->rule.flags;
+	bool group = (v->flags & VGPU_VERDICT_F_SCHED_OFF) && m->params &&
+		     vgpu_sched_alloc_layout(c->nr, m->params_len);
+	struct nvos21 checked;
 	long ret, dret;
 
+	/* The checked head, before the results are read back over it. */
+	if (group)
+		memcpy(&checked, s->params, sizeof(checked));
 	/* Every call with params runs on the checked copy (and reports it). */
 	if (m->params) {
 		ret = vgpu_forward_shadow(ctx, c, s, &dret);
@@ -480,8 +499,8 @@ static long vgpu_slow_allow(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 		dret = ret;
 	}
 	/* Off before the caller, or the daemon, hears of the group. */
-	if ((v->flags & VGPU_VERDICT_F_SCHED_OFF) && !dret && m->params)
-		vgpu_sched_new_group(ctx, s->params, m->params_len);
+	if (group && !dret)
+		vgpu_sched_new_group(ctx, &checked);
 	if (v->flags & VGPU_VERDICT_F_POST)
 		ret = vgpu_post_upcall(c, s, dret, ret);
 	else if (rflags & VGPU_RULE_F_POST)

@@ -34,6 +34,8 @@ static const struct nla_policy vgpu_nl_policy[VGPU_A_MAX + 1] = {
 				    .len = VGPU_RULES_MAX *
 					   sizeof(struct vgpu_rule_nested) },
 	[VGPU_A_DATA2]		= { .type = NLA_BINARY, .len = VGPU_PARAMS_MAX },
+	/* Sized by vgpu_nl_object(). */
+	[VGPU_A_OBJ]		= { .type = NLA_BINARY },
 };
 
 static struct genl_family vgpu_genl_family;
@@ -54,7 +56,7 @@ static void vgpu_extack(struct netlink_ext_ack *extack,
  * opener and the sender). On top of that:
  *
  * - only the registered daemon changes what the module enforces (SET_FILTER,
- *   VERDICT, UNREGISTER, SCHEDULE);
+ *   VERDICT, UNREGISTER, SCHEDULE, OBJECT);
  * - only a sender in the initial pid namespace becomes the daemon
  *   (REGISTER), so that a container granted CAP_NET_ADMIN with the host's
  *   network cannot take the daemon's place while it restarts;
@@ -251,6 +253,7 @@ static int vgpu_nl_get_stats(struct sk_buff *skb, struct genl_info *info)
 		goto nospace;
 	vgpu_stats_fill(&stats);
 	vgpu_stats4_fill(&stats4);
+	stats4.objects = vgpu_objects_run();
 	if (nla_put(msg, VGPU_A_STATS, sizeof(stats), &stats) ||
 	    nla_put(msg, VGPU_A_STATS4, sizeof(stats4), &stats4))
 		goto nospace;
@@ -424,6 +427,77 @@ out_in:
 	return err;
 }
 
+/* OBJECT: the driver's truth about objects (object.c). */
+static int vgpu_nl_object(struct sk_buff *skb, struct genl_info *info)
+{
+	const struct nlattr *attr = info->attrs[VGPU_A_OBJ];
+	struct vgpu_obj_result *res;
+	const char *why = NULL;
+	struct vgpu_obj_op *in;
+	struct sk_buff *msg;
+	void *hdr;
+	int err;
+	u32 n;
+
+	BUILD_BUG_ON(nla_total_size(VGPU_OBJ_MAX *
+				    sizeof(struct vgpu_obj_result)) > U16_MAX);
+	if (!vgpu_sender_is_daemon(info)) {
+		NL_SET_ERR_MSG(info->extack,
+			       "vgpu: OBJECT is for the registered daemon only");
+		return -EPERM;
+	}
+	if (GENL_REQ_ATTR_CHECK(info, VGPU_A_OBJ))
+		return -EINVAL;
+	n = nla_len(attr) / sizeof(*in);
+	if (nla_len(attr) % sizeof(*in) || !n || n > VGPU_OBJ_MAX) {
+		NL_SET_ERR_MSG_ATTR(info->extack, attr,
+				    "vgpu: OBJ must hold 1 to VGPU_OBJ_MAX struct vgpu_obj_op");
+		return -EINVAL;
+	}
+	/* A copy: the attribute is only 4-byte aligned, the struct has u64s. */
+	in = kmemdup(nla_data(attr), nla_len(attr), GFP_KERNEL);
+	if (!in)
+		return -ENOMEM;
+	res = kcalloc(n, sizeof(*res), GFP_KERNEL);
+	if (!res) {
+		err = -ENOMEM;
+		goto out_in;
+	}
+	msg = genlmsg_new(nla_total_size(n * sizeof(*res)), GFP_KERNEL);
+	if (!msg) {
+		err = -ENOMEM;
+		goto out_res;
+	}
+	hdr = genlmsg_put_reply(msg, info, &vgpu_genl_family, 0,
+				VGPU_CMD_OBJECT);
+	if (!hdr) {
+		err = -EMSGSIZE;
+		goto out_msg;
+	}
+	err = vgpu_object(in, n, res, &why);
+	if (err) {
+		if (why)
+			vgpu_extack(info->extack, attr, why);
+		goto out_msg;
+	}
+	if (nla_put(msg, VGPU_A_OBJ_RESULT, n * sizeof(*res), res)) {
+		err = -EMSGSIZE;
+		goto out_msg;
+	}
+	genlmsg_end(msg, hdr);
+	kfree(res);
+	kfree(in);
+	return genlmsg_reply(msg, info);
+
+out_msg:
+	nlmsg_free(msg);
+out_res:
+	kfree(res);
+out_in:
+	kfree(in);
+	return err;
+}
+
 static const struct genl_small_ops vgpu_nl_ops[] = {
 	{
 		.cmd	= VGPU_CMD_REGISTER,
@@ -458,6 +532,11 @@ static const struct genl_small_ops vgpu_nl_ops[] = {
 	{
 		.cmd	= VGPU_CMD_SCHEDULE,
 		.doit	= vgpu_nl_schedule,
+		.flags	= GENL_ADMIN_PERM,
+	},
+	{
+		.cmd	= VGPU_CMD_OBJECT,
+		.doit	= vgpu_nl_object,
 		.flags	= GENL_ADMIN_PERM,
 	},
 };

@@ -108,16 +108,85 @@ static const struct kernel_param_ops vgpu_sched_n_off_ops = {
 module_param_cb(sched_offs, &vgpu_sched_n_off_ops, NULL, 0444);
 MODULE_PARM_DESC(sched_offs, "channel groups remembered as turned off now (read-only)");
 
-#define VGPU_RM_CONTROL	_IOC(_IOC_READ | _IOC_WRITE, NV_IOCTL_MAGIC, \
-			     NV_ESC_RM_CONTROL, sizeof(struct nvos54))
+/**
+ * vgpu_rm_call - one RM call through a backing file, on blocks of our own
+ * @backing: the backing file (held by the caller)
+ * @cmd: the ioctl command word
+ * @ubuf: a private page of the current process (vgpu_rm_page_map())
+ * @blk: the blocks, written at @ubuf: the ioctl's params first, then what
+ *	they point to (pointers already name @ubuf's addresses); on success,
+ *	the blocks as the driver left them
+ * @len: their size, at most PAGE_SIZE
+ *
+ * The driver reads and writes the current process's memory, so the
+ * blocks go to @ubuf for the call and come back from it.
+ *
+ * Return: 0 (the driver's status is in @blk), or a negative errno.
+ */
+int vgpu_rm_call(struct file *backing, unsigned int cmd, unsigned long ubuf,
+		 void *blk, size_t len)
+{
+	void __user *u = (void __user *)ubuf;
+	long ret;
+
+	if (WARN_ON_ONCE(len > PAGE_SIZE))
+		return -EINVAL;
+	if (!backing->f_op->unlocked_ioctl)
+		return -ENOTTY;
+	if (copy_to_user(u, blk, len))
+		return -EFAULT;
+	ret = backing->f_op->unlocked_ioctl(backing, cmd, ubuf);
+	if (ret < 0)
+		return ret;
+	if (copy_from_user(blk, u, len))
+		return -EFAULT;
+	return 0;
+}
+
+/* A private page of the sender's mm for vgpu_rm_call(), or an errno. */
+unsigned long vgpu_rm_page_map(void)
+{
+	if (!current->mm)
+		return -EOPNOTSUPP;
+	return vm_mmap(NULL, 0, PAGE_SIZE, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, 0);
+}
+
+void vgpu_rm_page_unmap(unsigned long ubuf)
+{
+	vm_munmap(ubuf, PAGE_SIZE);
+}
+
+/**
+ * vgpu_rm_backing - hold the backing file of a live nvidiactl context
+ * @ctx_id: the context
+ * @err: out: -ENOENT (no such context) or -EINVAL (not a nvidiactl file)
+ *
+ * Return: the file (the caller fputs it), or NULL and *err.
+ */
+struct file *vgpu_rm_backing(u64 ctx_id, int *err)
+{
+	struct file *backing;
+	u32 node;
+
+	backing = vgpu_ctx_backing_get(ctx_id, &node);
+	if (!backing) {
+		*err = -ENOENT;
+		return NULL;
+	}
+	if (node != VGPU_NODE_CTL) {
+		fput(backing);
+		*err = -EINVAL;
+		return NULL;
+	}
+	return backing;
+}
 
 /* One GPFIFO_SCHEDULE through @backing; the blocks go to user @ubuf. */
 static void vgpu_sched_one(struct file *backing, const struct vgpu_sched *s,
 			   unsigned long ubuf, struct vgpu_sched_result *r)
 {
-	struct vgpu_sched_block __user *u = (void __user *)ubuf;
 	struct vgpu_sched_block blk;
-	long ret;
 
 	memset(&blk, 0, sizeof(blk));	/* padding included */
 	blk.ctl.h_client = s->h_client;
@@ -126,22 +195,10 @@ static void vgpu_sched_one(struct file *backing, const struct vgpu_sched *s,
 	blk.ctl.params = ubuf + offsetof(struct vgpu_sched_block, params);
 	blk.ctl.params_size = sizeof(blk.params);
 	blk.params.b_enable = s->enable == VGPU_SCHED_ON;
-	if (!backing->f_op->unlocked_ioctl) {
-		r->error = -ENOTTY;
-		return;
-	}
-	if (copy_to_user(u, &blk, sizeof(blk))) {
-		r->error = -EFAULT;
-		return;
-	}
-	ret = backing->f_op->unlocked_ioctl(backing, VGPU_RM_CONTROL,
-					    (unsigned long)&u->ctl);
-	if (ret < 0) {
-		r->error = ret;
-		return;
-	}
-	if (get_user(r->status, &u->ctl.status))
-		r->error = -EFAULT;
+	r->error = vgpu_rm_call(backing, VGPU_RM_CONTROL, ubuf, &blk,
+				sizeof(blk));
+	if (!r->error)
+		r->status = blk.ctl.status;
 }
 
 /* The entries are checked first: a bad one refuses the whole message. */
@@ -168,21 +225,15 @@ static void vgpu_sched_entry(const struct vgpu_sched *s, unsigned long ubuf,
 			     struct vgpu_sched_result *r)
 {
 	struct file *backing;
-	u32 node;
 
 	if (fatal_signal_pending(current)) {
 		r->error = -EINTR;
 		return;
 	}
-	backing = vgpu_ctx_backing_get(s->ctx_id, &node);
-	if (!backing) {
-		r->error = -ENOENT;
+	backing = vgpu_rm_backing(s->ctx_id, &r->error);
+	if (!backing)
 		return;
-	}
-	if (node != VGPU_NODE_CTL)
-		r->error = -EINVAL;
-	else
-		vgpu_sched_one(backing, s, ubuf, r);
+	vgpu_sched_one(backing, s, ubuf, r);
 	fput(backing);
 }
 
@@ -361,8 +412,7 @@ int vgpu_schedule(const struct vgpu_sched *in, u32 n,
 		*why = "vgpu: SCHEDULE needs a sender with user memory";
 		return -EOPNOTSUPP;
 	}
-	ubuf = vm_mmap(NULL, 0, PAGE_SIZE, PROT_READ | PROT_WRITE,
-		       MAP_PRIVATE | MAP_ANONYMOUS, 0);
+	ubuf = vgpu_rm_page_map();
 	if (IS_ERR_VALUE(ubuf))
 		return (int)ubuf;
 
@@ -379,7 +429,7 @@ int vgpu_schedule(const struct vgpu_sched *in, u32 n,
 	}
 	mutex_unlock(&vgpu_sched_lock);
 
-	vm_munmap(ubuf, PAGE_SIZE);
+	vgpu_rm_page_unmap(ubuf);
 	return 0;
 }
 
@@ -393,40 +443,46 @@ bool vgpu_sched_alloc_layout(u32 nr, u32 size)
 /**
  * vgpu_sched_new_group - turn off a channel group the caller has just made
  * @ctx: the caller's context, whose file the RM_ALLOC went through
- * @params: the RM_ALLOC params as the driver left them
- * @size: their size, that of NVOS21 or NVOS64 (checked with the verdict)
+ * @checked: the head of the RM_ALLOC params (NVOS64 begins as NVOS21) as
+ *	the module checked them before the driver call
  *
  * Runs in the caller's process before its RM_ALLOC returns (the driver
  * reads the control from the current process's memory), so the group is
- * off before the caller has its handle: it cannot have had work to run. A
- * call that made anything but a channel group is left alone. The group is
+ * off before the caller has its handle: it cannot have had work to run.
+ *
+ * The handle and class are those of the checked copy, never the results
+ * read back from the shadow: those lie in the caller's memory, where a
+ * sibling thread can rewrite the status or hObjectNew before they are
+ * read. So the status is not read either: the "off" is issued for the
+ * checked handle whatever the results say, and a group that does not
+ * exist gets the driver's error (and leaves no record). A call that asked
+ * for anything but a channel group, or for a handle generated by the
+ * driver (hObjectNew 0, known only from the results), is left alone; the
+ * daemon, which learns of the call from the POST that follows, decides
+ * on it in its turn. The group is
  * remembered as off like a SCHEDULE entry; one that could not be turned
  * off (a full table included: sweeping it issues controls for other
  * tenants' groups, which must not run in a tenant's process) shows in the
  * vgpu_schedule tracepoint, and the daemon, which learns of it from the
  * POST that follows, turns it off in its turn.
  */
-void vgpu_sched_new_group(struct vgpu_ctx *ctx, const void *params, u32 size)
+void vgpu_sched_new_group(struct vgpu_ctx *ctx, const struct nvos21 *checked)
 {
 	struct vgpu_sched s = { .ctx_id = ctx->id };
 	struct vgpu_sched_result r = {};
-	const struct nvos21 *head = params;	/* NVOS64 begins alike */
 	unsigned long ubuf;
-	u32 status;
 	int added;
 	u64 t0;
 
 	BUILD_BUG_ON(offsetof(struct nvos64, h_class) !=
 		     offsetof(struct nvos21, h_class));
-	if (!vgpu_sched_alloc_layout(NV_ESC_RM_ALLOC, size))
+	BUILD_BUG_ON(offsetof(struct nvos64, h_object_new) !=
+		     offsetof(struct nvos21, h_object_new));
+	if (checked->h_class != KEPLER_CHANNEL_GROUP_A ||
+	    !checked->h_object_new || !current->mm)
 		return;
-	status = size == sizeof(struct nvos21) ? head->status :
-		 ((const struct nvos64 *)params)->status;
-	if (status || head->h_class != KEPLER_CHANNEL_GROUP_A ||
-	    !head->h_object_new || !current->mm)
-		return;
-	s.h_client = head->h_root;
-	s.h_object = head->h_object_new;
+	s.h_client = checked->h_root;
+	s.h_object = checked->h_object_new;
 
 	t0 = trace_vgpu_schedule_enabled() ? ktime_get_ns() : 0;
 	added = vgpu_sched_off_add(&s);

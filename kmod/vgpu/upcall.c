@@ -651,13 +651,15 @@ static int vgpu_verdict_fits(const struct vgpu_req *req,
 		return 0;
 	case VGPU_VERDICT_DENY:
 		if (req->kind == VGPU_UPCALL_POST) {
-			*why = "a POST upcall is answered by ALLOW or REPLY";
+			*why = "a POST upcall is answered by ALLOW, REPLY or FAIL_STATUS";
 			return -EINVAL;
 		}
 		return 0;
 	case VGPU_VERDICT_FAIL_STATUS:
-		if (req->kind != VGPU_UPCALL_IOCTL) {
-			*why = "FAIL_STATUS only answers an IOCTL upcall";
+		/* v4: a POST upcall too (the daemon undid the call). */
+		if (req->kind != VGPU_UPCALL_IOCTL &&
+		    req->kind != VGPU_UPCALL_POST) {
+			*why = "FAIL_STATUS only answers an IOCTL or POST upcall";
 			return -EINVAL;
 		}
 		if (req->params_len < sizeof(u32) ||

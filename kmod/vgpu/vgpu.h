@@ -168,13 +168,27 @@ u32 vgpu_ctx_list(u64 start, struct vgpu_context *out,
 		  struct vgpu_opener *openers, u32 max, u64 *next);
 
 /* sched.c */
+#define VGPU_RM_CONTROL	_IOC(_IOC_READ | _IOC_WRITE, NV_IOCTL_MAGIC, \
+			     NV_ESC_RM_CONTROL, sizeof(struct nvos54))
+#define VGPU_RM_FREE	_IOC(_IOC_READ | _IOC_WRITE, NV_IOCTL_MAGIC, \
+			     NV_ESC_RM_FREE, sizeof(struct nvos00))
+int vgpu_rm_call(struct file *backing, unsigned int cmd, unsigned long ubuf,
+		 void *blk, size_t len);
+unsigned long vgpu_rm_page_map(void);
+void vgpu_rm_page_unmap(unsigned long ubuf);
+struct file *vgpu_rm_backing(u64 ctx_id, int *err);
 int vgpu_schedule(const struct vgpu_sched *in, u32 n,
 		  struct vgpu_sched_result *out, const char **why);
 bool vgpu_sched_alloc_layout(u32 nr, u32 size);
-void vgpu_sched_new_group(struct vgpu_ctx *ctx, const void *params, u32 size);
+void vgpu_sched_new_group(struct vgpu_ctx *ctx, const struct nvos21 *checked);
 u32 vgpu_sched_restore(void);
 void vgpu_sched_forget(u64 ctx_id);
 void vgpu_sched_exit(void);
+
+/* object.c */
+int vgpu_object(const struct vgpu_obj_op *in, u32 n,
+		struct vgpu_obj_result *out, const char **why);
+u64 vgpu_objects_run(void);
 
 /* fdxlate.c */
 /**

@@ -22,6 +22,11 @@ the two nodes it compares so that both see the same noise:
    through vgpud's quota policy (the module copies the list up as DATA2 and
    writes the REPLY's back: no process_vm_*), against the same call straight
    on nvsim.
+5. the driver-truth check: the same round trip through vgpud's quota policy,
+   which answers the allocation with ALLOW + POST and, on its POST upcall,
+   asks the driver for the object's class, parent and size (VGPU_CMD_OBJECT)
+   before its verdict, against the vgpud+shadow figure of 3 (one upcall and a
+   POST event): the difference is the truth check's cost per allocation.
 
 Prints a table of figures; asserts nothing (see docs/performance.md).
 """
@@ -258,8 +263,30 @@ def main() -> None:
           f"{pct(shadow, .5) / pct(direct, .5):.2f}\n")
     fb_v1_path(tmp, args.fb_calls)
 
+    truth = truth_ns(args.allocs)
+    print("driver-truth check (1 MiB alloc + free through the quota policy: POST upcall "
+          "and OBJECT)")
+    print(f"  vgpud quota   p50 {pct(truth, .5):9d} ns  p99 {pct(truth, .99):9d} ns")
+    print(f"  truth check (quota - vgpud+shadow): p50 {pct(truth, .5) - pct(shadow, .5)} ns, "
+          f"p99 {pct(truth, .99) - pct(shadow, .99)} ns; ratio to direct p50 "
+          f"{pct(truth, .5) / pct(direct, .5):.2f}")
+
     sh("rmmod", "vgpu")
     sh("rmmod", "nvsim")
+
+
+def truth_ns(count: int) -> list[int]:
+    """Round trips of class 0x40 through vgpud's quota policy (root a tenant)."""
+    d_dir = Path(tempfile.mkdtemp())
+    config = d_dir / "vgpud.toml"
+    config.write_text(f'[daemon]\nstate_path = "{d_dir / "state.json"}"\n'
+                      f'charges_path = "{d_dir / "charges"}"\n\n'
+                      '[[tenant]]\nname = "bench"\nmemory = "2GiB"\nmatch = [{ uid = 0 }]\n')
+    d = Daemon("--config", str(config), "--no-dbus", log_level="warning").start()
+    try:
+        return alloc_free_ns(nv.NvNodes("/dev/vgpu"), count)[SHADOW]
+    finally:
+        d.stop()
 
 
 if __name__ == "__main__":

@@ -230,7 +230,7 @@ def main() -> None:
                                         ledger)
         assert journal.start()
         ledger.observers.subscribe(journal)
-    dispatcher = Dispatcher(QuotaPolicy(manager, ledger))
+    dispatcher = Dispatcher(QuotaPolicy(manager, ledger, truth=False))
     kernel = Kernel(seed=1)
     verdicts: list[VerdictAction] = []
     kernel.setup()

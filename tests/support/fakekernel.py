@@ -127,6 +127,11 @@ def sched_results_msg(seq: int, results: list[uapi.SchedResult]) -> bytes:
     return genl(Cmd.SCHEDULE, attr(Attr.SCHED_RESULT, raw), seq=seq)
 
 
+def obj_results_msg(seq: int, results: list[uapi.ObjResult]) -> bytes:
+    raw = b"".join(uapi.OBJ_RESULT.struct.pack(*r) for r in results)
+    return genl(Cmd.OBJECT, attr(Attr.OBJ_RESULT, raw), seq=seq)
+
+
 def make_context(ctx_id: int, node: uapi.Node = uapi.Node.CTL, **kw: int) -> uapi.Context:
     values = dict(cgroup_id=0x100, minor=0, pid=100 + ctx_id, tgid=100 + ctx_id, uid=1000,
                   gid=1000) | kw
@@ -177,6 +182,9 @@ class FakeKernel:
     cursors: list[int] = field(default_factory=list)  # LIST_CONTEXTS cursors asked for
     schedules: list[list[uapi.Sched]] = field(default_factory=list)  # SCHEDULE requests
     statuses: dict[tuple[int, int], int] = field(default_factory=dict)  # (client, object)
+    # The driver's objects for OBJECT: (client, handle) -> (class, parent, size).
+    objects: dict[tuple[int, int], tuple[int, int, int]] = field(default_factory=dict)
+    obj_requests: list[list[uapi.ObjOp]] = field(default_factory=list)  # OBJECT requests
     registered: bool = False
 
     def start(self) -> None:
@@ -226,7 +234,45 @@ class FakeKernel:
             if err:
                 self.send(ack_msg(buf, err, message))
                 return
+        if cmd == Cmd.OBJECT:
+            err, message = self._object(seq, attrs)
+            if err:
+                self.send(ack_msg(buf, err, message))
+                return
         self.send(ack_msg(buf))
+
+    def _object(self, seq: int, attrs: dict[int, bytes]) -> tuple[int, str | None]:
+        """As the module: registered port only, 1..OBJ_MAX well-formed ops, each
+        answered from `objects` as the driver would (0x33: no such object)."""
+        if not self.registered:
+            return errno.EPERM, "vgpu: OBJECT is for the registered daemon only"
+        raw = attrs.get(Attr.OBJ, b"")
+        size = uapi.OBJ_OP.size
+        if not raw or len(raw) % size or len(raw) // size > uapi.OBJ_MAX:
+            return errno.EINVAL, "vgpu: OBJ must hold 1 to VGPU_OBJ_MAX struct vgpu_obj_op"
+        fields = list(uapi.OBJ_OP.struct.iter_unpack(raw))
+        if any(not 1 <= op <= 4 or (op != 4 and parent) for _c, _h, parent, _o, op in fields):
+            return errno.EINVAL, "vgpu: bad OBJ operation"
+        ops = [uapi.ObjOp(c, h, p, o, uapi.ObjOpKind(op)) for c, h, p, o, op in fields]
+        self.obj_requests.append(ops)
+        nodes = {c.ctx_id: c.node for c in self.contexts}
+        results = []
+        for op in ops:
+            node = nodes.get(op.ctx_id)
+            obj = self.objects.get((op.h_client, op.h_object))
+            if node is None:
+                results.append(uapi.ObjResult(-errno.ENOENT, 0, 0))
+            elif node != uapi.Node.CTL:
+                results.append(uapi.ObjResult(-errno.EINVAL, 0, 0))
+            elif obj is None:
+                results.append(uapi.ObjResult(0, 0x33, 0))
+            elif op.op is uapi.ObjOpKind.FREE:
+                del self.objects[op.h_client, op.h_object]
+                results.append(uapi.ObjResult(0, 0, 0))
+            else:
+                results.append(uapi.ObjResult(0, 0, obj[op.op - 1]))
+        self.send(obj_results_msg(seq, results))
+        return 0, None
 
     def _list_contexts(self, seq: int, attrs: dict[int, bytes]) -> None:
         (cursor,) = struct.unpack("=Q", attrs.get(Attr.CURSOR, bytes(8)))

@@ -52,7 +52,7 @@ match = [{{ uid = 3000 }}]
 
 class World:
     def __init__(self, tmp: Path, default: str | None = None, *,
-                 journal: Path | None = None) -> None:
+                 journal: Path | None = None, truth: bool = False) -> None:
         text = CONFIG.format(state=tmp / "state.json")
         if default:
             text = text.replace("[daemon]\n", f'[daemon]\ndefault_tenant = "{default}"\n')
@@ -69,7 +69,10 @@ class World:
             journal, self.ledger, Identity("boot", "vgpu"))
         if self.journal is not None:
             self.ledger.observers.subscribe(self.journal)
-        self.policy = QuotaPolicy(self.manager, self.ledger, cgroup_path=self.cgroups.get)
+        # truth=False: charges settle on POST events, from the results (the
+        # driver-truth path has tests of its own, tests/unit/test_truth.py).
+        self.policy = QuotaPolicy(self.manager, self.ledger, cgroup_path=self.cgroups.get,
+                                  truth=truth)
         self.d = Dispatcher(self.policy)
         self.ids = itertools.count(1)
         self.handles = itertools.count(0x1000)

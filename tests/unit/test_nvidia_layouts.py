@@ -234,6 +234,31 @@ KMOD_ONLY = {
     "nv00f8_allocation_params": (48, dict(alignment=0, alloc_size=8, page_size=16,
                                           alloc_flags=24, map_offset=32, map_h_vid_mem=40,
                                           map_flags=44)),
+    # The driver's truth (VGPU_CMD_OBJECT), from ctrl0000client.h and ctrl0041.h:
+    # NV0000_CTRL_CLIENT_GET_HANDLE_INFO_PARAMS {hObject; index; union data (u64)},
+    # NV0041_CTRL_GET_SURFACE_INFO_PARAMS {surfaceInfoListSize; NvP64 surfaceInfoList},
+    # NV0041_CTRL_SURFACE_INFO {index; data}.
+    "nv0000_client_get_handle_info_params": (16, dict(h_object=0, index=4, data=8)),
+    "nv0041_get_surface_info_params": (16, dict(surface_info_list_size=0,
+                                                surface_info_list=8)),
+    "nv0041_surface_info": (8, dict(index=0, data=4)),
+}
+
+# Numbers of the driver's truth and of page sizes (ctrl0000client.h, ctrl0041.h,
+# nvos.h), as the modules define them.
+KMOD_TRUTH_NUMBERS = {
+    "NV0000_CTRL_CMD_CLIENT_GET_HANDLE_INFO": 0xD02,
+    "NV0000_CTRL_CMD_CLIENT_GET_HANDLE_INFO_INDEX_PARENT": 1,
+    "NV0000_CTRL_CMD_CLIENT_GET_HANDLE_INFO_INDEX_CLASSID": 2,
+    "NV0041_CTRL_CMD_GET_SURFACE_INFO": 0x410110,
+    "NV0041_CTRL_SURFACE_INFO_INDEX_PHYS_SIZE": 7,
+    "NV0041_CTRL_SURFACE_INFO_PHYS_SIZE_SCALE_FACTOR": 0x1000,
+    "NVOS32_ATTR_PAGE_SIZE_SHIFT": 23,
+    "NVOS32_ATTR_PAGE_SIZE_BIG": 2,
+    "NVOS32_ATTR_PAGE_SIZE_HUGE": 3,
+    "NVOS32_ATTR2_PAGE_SIZE_HUGE_SHIFT": 20,
+    "NVOS32_ATTR2_PAGE_SIZE_HUGE_2MB": 1,
+    "NVOS32_ATTR2_PAGE_SIZE_HUGE_512MB": 2,
 }
 
 KMOD_PRELUDE = """
@@ -316,6 +341,12 @@ def test_kmod_numbers_match_daemon(tmp_path: Path) -> None:
             "NV_ERR_NO_MEMORY"} <= set(both)
     got = run_c(tmp_path, kmod_program([(n, n) for n in both]), KMOD_INCLUDE)
     assert got == {n: py[n] for n in both}
+
+
+@needs_gcc
+def test_kmod_truth_numbers(tmp_path: Path) -> None:
+    items = [(n, n) for n in KMOD_TRUTH_NUMBERS]
+    assert run_c(tmp_path, kmod_program(items), KMOD_INCLUDE) == KMOD_TRUTH_NUMBERS
 
 
 def test_vgpu_includes_nothing_of_nvsim() -> None:

@@ -149,7 +149,7 @@ CTRL = L.NVOS54.struct.pack(1, 2, 0x20801303, 0, 0x1000, 8, 0)
     (UpcallKind.POST, Verdict.reply(b"\0" * 31), False),
     (UpcallKind.POST, Verdict.reply(data=b"\0" * 9), False),
     (UpcallKind.POST, Verdict.deny(errno.EPERM), False),
-    (UpcallKind.POST, Verdict.fail_status(0x51, 28), False),
+    (UpcallKind.POST, Verdict.fail_status(0x51, 28), True),  # v4: the daemon undid the call
     (UpcallKind.IOCTL, Verdict(VerdictAction.ALLOW, flags=1), True),
     (UpcallKind.IOCTL, Verdict(VerdictAction.ALLOW, flags=2), False),
     (UpcallKind.POST, Verdict(VerdictAction.ALLOW, flags=1), False),

@@ -346,23 +346,38 @@ class Ledger:
         context.reservations[reservation.id] = pending
         return reservation
 
-    def commit(self, reservation: Reservation, key: Key | None = None) -> None:
+    def commit(self, reservation: Reservation, key: Key | None = None, size: int | None = None,
+               *, force: bool = False) -> Denied | None:
         """The allocation succeeded: the object `key` (default: the key given at
         reserve) now holds the bytes. If its parent was freed meanwhile, the
-        object hangs on its context alone until freed or closed."""
+        object hangs on its context alone until freed or closed.
+
+        `size`: what the object really holds (the driver's truth), charged
+        instead of the reserved size. When it is larger and the account then
+        exceeds its limit, nothing changes and Denied is returned (the caller
+        undoes the allocation, then releases), unless `force` (the allocation
+        could not be undone: the truth is charged, over the limit)."""
         pending = self._pending_for(reservation)
         key = key if key is not None else pending.key
         if key is None:
             raise UnknownKey("commit needs the new object's key")
         if key in self._nodes:
             raise DuplicateKey(key)
-        self._unreserve(pending)
         r = pending.reservation
-        self._account(r.tenant, r.gpu).charged += r.size
+        charge = r.size if size is None else size
+        if charge < 0:
+            raise ValueError(f"negative allocation size {charge}")
+        account = self._account(r.tenant, r.gpu)
+        used = account.charged + account.reserved - r.size
+        if charge > r.size and used + charge > account.limit and not force:
+            return Denied(r.tenant, r.gpu, charge, used, account.limit)
+        self._unreserve(pending)
+        account.charged += charge
         parent = pending.parent if pending.parent in self._nodes else None
-        self._insert(r.ctx, key, parent, _Charge(r.tenant, r.gpu, r.size), None)
+        self._insert(r.ctx, key, parent, _Charge(r.tenant, r.gpu, charge), None)
         if self.observers:
-            self.observers.notify(Charged(r.ctx, key, parent, r.tenant, r.gpu, r.size))
+            self.observers.notify(Charged(r.ctx, key, parent, r.tenant, r.gpu, charge))
+        return None
 
     def release(self, reservation: Reservation) -> None:
         """The allocation failed: return the reserved bytes."""

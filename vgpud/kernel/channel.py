@@ -46,7 +46,18 @@ from vgpud.kernel.codec import (
     Reply,
     Upcall,
 )
-from vgpud.kernel.uapi import Context, Filter, Sched, SchedResult, Stats, Stats4, Verdict
+from vgpud.kernel.uapi import (
+    Context,
+    Filter,
+    ObjOp,
+    ObjQuery,
+    ObjResult,
+    Sched,
+    SchedResult,
+    Stats,
+    Stats4,
+    Verdict,
+)
 
 __all__ = [
     "AlreadyRegistered",
@@ -113,7 +124,7 @@ class RequestFailed(ChannelError):
 class UpcallHandler(Protocol):
     """What the channel hands decoded messages to; must not raise."""
 
-    def on_upcall(self, upcall: Upcall) -> Verdict: ...
+    def on_upcall(self, upcall: Upcall) -> Verdict | ObjQuery: ...
 
     def on_event(self, event: Event) -> None: ...
 
@@ -184,6 +195,7 @@ class GenlChannel:
         self._handler = handler
         self._encode_verdict = codec.VerdictEncoder(family_id).encode
         self._pending: dict[int, _Pending] = {}
+        self._queries: set[asyncio.Future[None]] = set()  # verdicts waiting for OBJECT
         self._seq = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed: asyncio.Future[None] | None = None
@@ -307,6 +319,41 @@ class GenlChannel:
                 self._reply(replies, uapi.Cmd.SCHEDULE), len(chunk))
         return results
 
+    async def object_ops(self, ops: Sequence[ObjOp]) -> list[ObjResult]:
+        """The driver's truth about objects (VGPU_CMD_OBJECT), in order; one
+        result per op. Above OBJ_MAX ops go out as several requests. A refused
+        request raises RequestFailed (EPERM: not the registered daemon)."""
+        results: list[ObjResult] = []
+        for start in range(0, len(ops), uapi.OBJ_MAX):
+            chunk = ops[start : start + uapi.OBJ_MAX]
+            try:
+                replies = await self._request("object", functools.partial(
+                    codec.encode_object, self._family_id, ops=chunk))
+            except NotPermitted as exc:
+                raise RequestFailed("object", errno.EPERM,
+                                    str(exc).removeprefix("object: ")) from None
+            results += codec.decode_obj_results(
+                self._reply(replies, uapi.Cmd.OBJECT), len(chunk))
+        return results
+
+    def _answer_later(self, upcall_id: int, query: ObjQuery) -> None:
+        """A verdict that waits for the driver's truth: OBJECT, then resume."""
+        task = asyncio.ensure_future(self._run_query(upcall_id, query))
+        self._queries.add(task)
+        task.add_done_callback(self._queries.discard)
+
+    async def _run_query(self, upcall_id: int, query: ObjQuery) -> None:
+        answer: Verdict | ObjQuery = query
+        while isinstance(answer, ObjQuery):
+            results: list[ObjResult] | None
+            try:
+                results = await self.object_ops(answer.ops)
+            except (ChannelError, DecodeError) as exc:
+                log.warning("upcall %d: the driver's truth was not read: %s", upcall_id, exc)
+                results = None
+            answer = answer.resume(results)
+        self._send_verdict(upcall_id, answer)
+
     @staticmethod
     def _reply(replies: list[Reply], cmd: uapi.Cmd) -> Reply:
         for reply in replies:
@@ -392,7 +439,11 @@ class GenlChannel:
                 if handler is None:
                     log.warning("upcall %d with no handler; left to time out", msg.id)
                     continue
-                self._send_verdict(msg.id, handler.on_upcall(msg))
+                verdict = handler.on_upcall(msg)
+                if isinstance(verdict, ObjQuery):
+                    self._answer_later(msg.id, verdict)
+                else:
+                    self._send_verdict(msg.id, verdict)
             elif type(msg) is PostEvent or type(msg) is CloseEvent or type(msg) is AbandonedEvent:
                 if handler is not None:
                     handler.on_event(msg)

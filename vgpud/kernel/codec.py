@@ -28,6 +28,8 @@ from vgpud.kernel.uapi import (
     EventKind,
     Filter,
     Node,
+    ObjOp,
+    ObjResult,
     Sched,
     SchedResult,
     Stats,
@@ -50,11 +52,13 @@ __all__ = [
     "VerdictEncoder",
     "decode_contexts",
     "decode_datagram",
+    "decode_obj_results",
     "decode_sched_results",
     "decode_stats",
     "decode_stats4",
     "encode_get_stats",
     "encode_list_contexts",
+    "encode_object",
     "encode_register",
     "encode_request",
     "encode_schedule",
@@ -516,6 +520,17 @@ def decode_sched_results(reply: Reply, count: int) -> list[SchedResult]:
     return [SchedResult.unpack(raw[i : i + size]) for i in range(0, len(raw), size)]
 
 
+def decode_obj_results(reply: Reply, count: int) -> list[ObjResult]:
+    """The OBJ_RESULT of an OBJECT reply to ``count`` operations."""
+    raw = reply.attrs.get(Attr.OBJ_RESULT)
+    if reply.cmd != Cmd.OBJECT or raw is None:
+        raise DecodeError("not an OBJECT reply with VGPU_A_OBJ_RESULT")
+    size = uapi.OBJ_RESULT.size
+    if len(raw) != count * size:
+        raise DecodeError(f"OBJ_RESULT of {len(raw)} bytes for {count} operations")
+    return [ObjResult.unpack(raw[i : i + size]) for i in range(0, len(raw), size)]
+
+
 def _attr(kind: int, payload: bytes) -> bytes:
     head = NLA_HDR.pack(NLA_HDR.size + len(payload), kind)
     return head + payload + b"\0" * (_align(len(payload)) - len(payload))
@@ -565,6 +580,15 @@ def encode_schedule(family_id: int, seq: int, entries: Sequence[Sched]) -> bytes
                          f"not {len(entries)}")
     return encode_request(family_id, Cmd.SCHEDULE, seq,
                           [(Attr.SCHED, b"".join(entry.pack() for entry in entries))])
+
+
+def encode_object(family_id: int, seq: int, ops: Sequence[ObjOp]) -> bytes:
+    """OBJECT with 1..OBJ_MAX operations, run by the module in this order."""
+    if not 0 < len(ops) <= uapi.OBJ_MAX:
+        raise ValueError(f"an OBJECT request holds 1 to {uapi.OBJ_MAX} operations, "
+                         f"not {len(ops)}")
+    return encode_request(family_id, Cmd.OBJECT, seq,
+                          [(Attr.OBJ, b"".join(op.pack() for op in ops))])
 
 
 class VerdictEncoder:

@@ -6,6 +6,7 @@ and tests/unit/test_uapi_layout.py (sizes and offsets, from gcc).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple
@@ -541,6 +542,19 @@ class ObjResult(NamedTuple):
     @classmethod
     def unpack(cls, buf: bytes | memoryview) -> ObjResult:
         return cls(*OBJ_RESULT.unpack_exact(buf))
+
+
+@dataclass(frozen=True, slots=True)
+class ObjQuery:
+    """An answer to an upcall that first needs the driver's truth (sans-I/O).
+
+    The adapter (the channel) runs ``ops`` in one VGPU_CMD_OBJECT request and
+    calls ``resume`` with the results, one per op in order, or with None when
+    the request failed; ``resume`` returns the verdict to send, or another
+    ObjQuery. A policy returns one where a Verdict would go."""
+
+    ops: tuple[ObjOp, ...]
+    resume: Callable[[Sequence[ObjResult] | None], Verdict | ObjQuery]
 
 
 @dataclass(frozen=True, slots=True)

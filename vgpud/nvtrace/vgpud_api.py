@@ -57,7 +57,7 @@ def quota_stack(gpus: Iterable[tuple[int, str, int]]) -> QuotaStack:
     ledger = Ledger()
     manager = Manager(Path("<replay>"), parse_config(REPLAY_CONFIG), RuntimeState(), ledger,
                       gpus)
-    policy = QuotaPolicy(manager, ledger)
+    policy = QuotaPolicy(manager, ledger, truth=False)  # no driver to ask in a replay
     return QuotaStack(Dispatcher(policy), policy, ledger)
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from vgpud.kernel.codec import Event, Upcall
-from vgpud.kernel.uapi import Filter, MmapParams, Verdict
+from vgpud.kernel.uapi import Filter, MmapParams, ObjQuery, Verdict
 from vgpud.nvidia.layouts import Call
 
 __all__ = ["Decoded", "Policy", "Request"]
@@ -53,8 +53,9 @@ class Policy(Protocol):
         """OPEN, IOCTL and MMAP upcalls."""
         ...
 
-    def decide_post(self, request: Request) -> Verdict:
-        """POST upcalls (after an ALLOW with VERDICT_F_POST): ALLOW or REPLY."""
+    def decide_post(self, request: Request) -> Verdict | ObjQuery:
+        """POST upcalls (after an ALLOW with VERDICT_F_POST): ALLOW, REPLY or
+        FAIL_STATUS, or an ObjQuery (the driver's truth first) that gives one."""
         ...
 
     def on_event(self, event: Event) -> None: ...

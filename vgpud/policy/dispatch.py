@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vgpud.kernel.codec import DecodeError, Event, Upcall
@@ -14,6 +15,8 @@ from vgpud.kernel.uapi import (
     VERDICT_F_SCHED_OFF,
     MmapParams,
     Node,
+    ObjQuery,
+    ObjResult,
     UpcallKind,
     Verdict,
     VerdictAction,
@@ -64,13 +67,16 @@ class Dispatcher:
         self._on_policy_error = ALLOW if fail_open else Verdict.deny(errno.EIO)
         self._on_malformed = ALLOW if fail_open else Verdict.deny(errno.EPROTO)
 
-    def on_upcall(self, upcall: Upcall) -> Verdict:
+    def on_upcall(self, upcall: Upcall) -> Verdict | ObjQuery:
+        """The verdict, or (POST upcalls) an ObjQuery whose resume gives it."""
         counters = self.counters
         counters.upcalls += 1
         kind = upcall.kind
         try:
             if kind is _POST:
                 verdict = self.policy.decide_post(Request(upcall, self._decode))
+                if isinstance(verdict, ObjQuery):
+                    return self._guard(upcall, verdict)
             else:
                 verdict = self.policy.decide(Request(upcall, self._decode))
             if verdict is not ALLOW:
@@ -81,6 +87,25 @@ class Dispatcher:
             verdict = ALLOW if kind is _POST else self._on_policy_error
         counters.verdicts += 1
         return verdict
+
+    def _guard(self, upcall: Upcall, query: ObjQuery) -> ObjQuery:
+        """The same query, whose resume is checked as a verdict is and never raises."""
+
+        def resume(results: Sequence[ObjResult] | None) -> Verdict | ObjQuery:
+            try:
+                answer = query.resume(results)
+                if isinstance(answer, ObjQuery):
+                    return self._guard(upcall, answer)
+                if answer is not ALLOW:
+                    _check(answer, upcall)
+            except Exception:
+                self.counters.policy_errors += 1
+                log.exception("policy failed on the truth of upcall %d", upcall.id)
+                answer = ALLOW  # a POST upcall: the call has happened
+            self.counters.verdicts += 1
+            return answer
+
+        return ObjQuery(query.ops, resume)
 
     def _decode(self, upcall: Upcall) -> Decoded:
         """The decode behind ``Request.call``, run when a policy first reads it."""
@@ -121,7 +146,9 @@ _ALLOC_SIZES = frozenset({NVOS21.size, NVOS64.size})  # RM_ALLOC params VERDICT_
 _ACTIONS = {
     UpcallKind.OPEN: frozenset({VerdictAction.ALLOW, VerdictAction.DENY}),
     UpcallKind.IOCTL: frozenset(VerdictAction),
-    UpcallKind.POST: frozenset({VerdictAction.ALLOW, VerdictAction.REPLY}),
+    # v4: FAIL_STATUS after the daemon undid the call (an allocation over quota freed).
+    UpcallKind.POST: frozenset({VerdictAction.ALLOW, VerdictAction.REPLY,
+                                VerdictAction.FAIL_STATUS}),
     UpcallKind.MMAP: frozenset({VerdictAction.ALLOW, VerdictAction.DENY}),
 }
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import errno
 import logging
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -49,6 +49,10 @@ from vgpud.kernel.uapi import (
     Filter,
     MmapParams,
     Node,
+    ObjOp,
+    ObjOpKind,
+    ObjQuery,
+    ObjResult,
     UpcallKind,
     Verdict,
 )
@@ -56,6 +60,7 @@ from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import (
     DEVICE_MEMORY_CLASSES,
     LIMITED_CLASS_KIND,
+    NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED,
     NVOS32_ALLOC_FLAGS_VIRTUAL,
     REFUSED_MEMORY_CLASSES,
     SYSTEM_CLASS_RANGE,
@@ -153,8 +158,31 @@ _NEW_HANDLE: dict[tuple[int, int], int] = {
 }
 
 
-def page_round(size: int) -> int:
-    return -(-size // PAGE_SIZE) * PAGE_SIZE
+def page_round(size: int, granule: int = PAGE_SIZE) -> int:
+    return -(-size // granule) * granule
+
+
+# NVOS32_ATTR_PAGE_SIZE (attr 24:23) and NVOS32_ATTR2_PAGE_SIZE_HUGE (attr2 21:20),
+# nvos.h: the page size an allocation asks for, which the driver rounds it up to.
+_BIG_PAGE, _HUGE_PAGES = 64 << 10, {0: 2 << 20, 1: 2 << 20, 2: 512 << 20, 3: 256 << 30}
+
+
+def granule(attr: int, attr2: int, alignment: int) -> int:
+    """What the driver rounds an allocation's size up to: its page size (BIG:
+    64 KiB; HUGE: 2 MiB, 512 MiB or 256 GiB by attr2; else 4 KiB), or a larger
+    power-of-two alignment. A reservation of the size rounded so fits what the
+    driver makes; the driver's truth settles the charge (a GPU's big pages may
+    be 128 KiB, a default page size may be chosen larger)."""
+    match attr >> 23 & 3:
+        case 2:
+            page = _BIG_PAGE
+        case 3:
+            page = _HUGE_PAGES[attr2 >> 20 & 3]
+        case _:
+            page = PAGE_SIZE
+    if alignment > page and not alignment & (alignment - 1):
+        return alignment
+    return page
 
 
 # --- what an allowed call waits for (by upcall id) ----------------------------
@@ -162,11 +190,19 @@ def page_round(size: int) -> int:
 
 @dataclass(slots=True)
 class _Charge:
-    """A reserved allocation: commit to the new handle, or release."""
+    """A reserved allocation: commit to the new handle, or release.
+
+    ``handle`` is the one decided on from the checked IOCTL upcall (0: the
+    driver generates it); ``parent``, ``classes`` and ``status_off`` are what
+    the driver's truth is checked against and where a refusal is written."""
 
     ctx: int
     reservation: Reservation
     client: int
+    handle: int = 0
+    parent: int = 0
+    classes: frozenset[int] = frozenset()
+    status_off: int = 0
 
 
 @dataclass(slots=True)
@@ -236,7 +272,12 @@ class QuotaPolicy:
         ledger: Ledger,
         *,
         cgroup_path: Callable[[int], str | None] | None = None,
+        truth: bool = True,
     ) -> None:
+        """``truth``: an allocation is charged what the driver says it made (a
+        POST upcall and VGPU_CMD_OBJECT); without it (a trace replayed with no
+        driver to ask), what its results say, on its POST event."""
+        self._truth_check = truth
         self.manager = manager
         self.ledger = ledger
         self._cgroup_path = cgroup_path
@@ -317,8 +358,10 @@ class QuotaPolicy:
                 return self._undecodable_alloc(upcall)
         return ALLOW
 
-    def decide_post(self, request: Request) -> Verdict:
-        """A POST upcall: the FB view is rewritten; anything else completes as on an event."""
+    def decide_post(self, request: Request) -> Verdict | ObjQuery:
+        """A POST upcall: the FB view is rewritten, an allocation is charged what
+        the driver says it holds (an ObjQuery); anything else completes as on an
+        event."""
         upcall = request.upcall
         pending = self._pending.pop(upcall.id, None)
         if pending is None:
@@ -328,6 +371,8 @@ class QuotaPolicy:
                 return self._fb_view(upcall, pending)
             case _HeapInfo():
                 return self._heap_info(upcall, pending)
+            case _Charge():
+                return self._truth(upcall, pending)
         self._complete(pending, upcall.nr, upcall.ret, upcall.params)
         return ALLOW
 
@@ -462,7 +507,9 @@ class QuotaPolicy:
                 return Verdict.fail_status(_params_status(upcall, call.p_alloc_params,
                                                           call.params_size), call.status_off)
             return self._reserve(upcall, tenant, call.h_root, call.h_parent, call.h_new,
-                                 alloc.size, call.status_off)
+                                 page_round(alloc.size, granule(alloc.attr, alloc.attr2,
+                                                                alloc.alignment)),
+                                 call.status_off, frozenset({h_class}))
         if h_class in TREE_CLASSES:
             gpu = None
             if h_class == NvClass.DEVICE_0:
@@ -516,7 +563,8 @@ class QuotaPolicy:
         if call.h_class not in DEVICE_MEMORY_CLASSES or call.limit >= 2**64 - 1:
             return ALLOW  # the driver refuses an all-ones limit (NV_ERR_INVALID_LIMIT)
         return self._reserve(upcall, tenant, call.h_root, call.h_parent, call.h_new,
-                             call.limit + 1, L.NVOS02_WITH_FD.offsets["status"])
+                             call.limit + 1, L.NVOS02_WITH_FD.offsets["status"],
+                             frozenset({call.h_class}))
 
     def _vid_heap(self, upcall: Upcall, tenant: str, call: VidHeapControl) -> Verdict:
         """ALLOC_SIZE, ALLOC_TILED_PITCH_HEIGHT and ALLOC_SIZE_RANGE are charged
@@ -536,11 +584,15 @@ class QuotaPolicy:
             return Verdict.fail_status(NvStatus.INVALID_ARGUMENT, L.NVOS32.offsets["status"])
         if alloc.flags & NVOS32_ALLOC_FLAGS_VIRTUAL:
             return ALLOW
-        return self._reserve(upcall, tenant, call.h_root, call.h_parent, alloc.h_memory,
-                             alloc.size, L.NVOS32.offsets["status"])
+        # hMemory is the caller's only with MEMORY_HANDLE_PROVIDED; else the driver's.
+        handle = alloc.h_memory if alloc.flags & NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED else 0
+        return self._reserve(upcall, tenant, call.h_root, call.h_parent, handle,
+                             page_round(alloc.size, granule(alloc.attr, alloc.attr2,
+                                                            alloc.alignment)),
+                             L.NVOS32.offsets["status"], DEVICE_MEMORY_CLASSES)
 
     def _reserve(self, upcall: Upcall, tenant: str, client: int, h_parent: int, h_new: int,
-                 size: int, status_off: int) -> Verdict:
+                 size: int, status_off: int, classes: frozenset[int]) -> Verdict:
         parent = Key(client, h_parent)
         ledger = self.ledger
         gpu = ledger.gpu_of(parent)
@@ -566,8 +618,90 @@ class QuotaPolicy:
                      tenant, result.size, gpu, result.used, result.limit)
             self.manager.quota_exceeded(result)
             return Verdict.fail_status(NvStatus.NO_MEMORY, status_off)
-        self._pending[upcall.id] = _Charge(upcall.ctx_id, result, client)
-        return ALLOW
+        self._pending[upcall.id] = _Charge(upcall.ctx_id, result, client, h_new, h_parent,
+                                           classes, status_off)
+        # The results come back in a POST upcall: the charge is the driver's truth.
+        return ALLOW_POST if self._truth_check else ALLOW
+
+    # --- the driver's truth (POST upcall of a reserved allocation) ---
+
+    def _truth(self, upcall: Upcall, pending: _Charge) -> Verdict | ObjQuery:
+        """Ask the driver what the allocation made, whatever its results say.
+
+        The results lie in the tenant's memory (the shadow, then its own
+        params): a sibling thread can rewrite the status or the new handle
+        there. So the handle is the one decided on from the checked upcall,
+        and the status is not read: the object's class, parent and size come
+        from the driver (VGPU_CMD_OBJECT). A handle the driver generated
+        (hObjectNew 0) exists only in the results: it is taken from there and
+        checked the same way."""
+        handle = pending.handle or _new_handle(upcall.nr, upcall.params)
+        if not handle:
+            self._settle(pending, None, upcall)
+            return ALLOW
+        ctx, client = pending.ctx, pending.client
+        ops = tuple(ObjOp(ctx, client, 0, handle, op)
+                    for op in (ObjOpKind.CLASS, ObjOpKind.PARENT, ObjOpKind.MEM_SIZE))
+
+        def resume(results: Sequence[ObjResult] | None) -> Verdict | ObjQuery:
+            if results is None:  # no truth to be had: the results, as before
+                self._complete(pending, upcall.nr, upcall.ret, upcall.params)
+                return ALLOW
+            return self._charge_truth(pending, handle, results, upcall)
+
+        return ObjQuery(ops, resume)
+
+    def _charge_truth(self, pending: _Charge, handle: int, results: Sequence[ObjResult],
+                      upcall: Upcall) -> Verdict | ObjQuery:
+        klass, parent, size = results
+        exists = (all(not r.error and r.status == NvStatus.OK for r in results)
+                  and klass.value in pending.classes and parent.value == pending.parent)
+        key = Key(pending.client, handle)
+        if not exists or key in self.ledger:
+            # No such object (the call failed, whatever its status says), or not
+            # the one reserved for (a handle already taken): nothing to charge.
+            self._settle(pending, None, upcall)
+            return ALLOW
+        r = pending.reservation
+        try:
+            over = self.ledger.commit(r, key, size.value)
+        except LedgerError as exc:  # the context closed meanwhile
+            log.info("upcall %d: allocation not charged: %r", upcall.id, exc)
+            return ALLOW
+        if over is None:
+            if size.value != r.size:
+                log.debug("upcall %d: %s holds %d bytes, %d reserved", upcall.id, key,
+                          size.value, r.size)
+            self.manager.usage_changed(r.tenant)
+            return ALLOW
+        log.info("quota: %s got %d bytes on GPU %d (%d reserved), %d of %d used: freed",
+                 r.tenant, size.value, r.gpu, r.size, over.used, over.limit)
+        self.manager.quota_exceeded(over)
+        free = (ObjOp(pending.ctx, pending.client, pending.parent, handle, ObjOpKind.FREE),)
+
+        def freed(results: Sequence[ObjResult] | None) -> Verdict:
+            ok = results is not None and not results[0].error and results[0].status == 0
+            if ok:
+                self._settle(pending, None, upcall)
+                return Verdict.fail_status(NvStatus.NO_MEMORY, pending.status_off)
+            # It could not be undone: what it holds is charged, over the limit.
+            log.warning("upcall %d: %s over quota could not be freed: charged", upcall.id, key)
+            with suppress(LedgerError):
+                self.ledger.commit(r, key, size.value, force=True)
+                self.manager.usage_changed(r.tenant)
+            return ALLOW
+
+        return ObjQuery(free, freed)
+
+    def _settle(self, pending: _Charge, key: Key | None, upcall: Upcall) -> None:
+        """Nothing to charge: the reservation goes back."""
+        r = pending.reservation
+        try:
+            self.ledger.release(r)
+        except LedgerError as exc:  # released already (the context closed)
+            log.debug("upcall %d: %r", upcall.id, exc)
+            return
+        self.manager.usage_changed(r.tenant)
 
     def _gpu_for(self, parent: Key, tenant: str, upcall: Upcall) -> int:
         gpu = self.ledger.gpu_of(parent)

@@ -37,6 +37,7 @@ from vgpud.kernel.uapi import (
     UPCALL_F_DATA_FAULT,
     VERDICT_F_SCHED_OFF,
     Filter,
+    ObjQuery,
     UpcallKind,
     Verdict,
     VerdictAction,
@@ -110,7 +111,7 @@ class SchedPolicy:
             return verdict._replace(flags=verdict.flags | VERDICT_F_SCHED_OFF)
         return verdict
 
-    def decide_post(self, request: Request) -> Verdict:
+    def decide_post(self, request: Request) -> Verdict | ObjQuery:
         upcall = request.upcall
         self._complete(upcall.id, upcall.ret, upcall.params)
         return self.inner.decide_post(request)

