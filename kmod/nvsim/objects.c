@@ -426,6 +426,7 @@ static u32 nvsim_fabric_alloc(struct nvsim_client *c, struct nvsim_obj *parent,
 			      u32 *handle, struct nv00f8_allocation_params *f)
 {
 	u64 page = f->page_size, size, offset;
+	struct nvsim_layout l = {};	/* rounded to the fabric page below */
 	struct nvsim_obj *mem;
 
 	if (parent->kind != NVSIM_OBJ_SUBDEVICE)
@@ -444,7 +445,7 @@ static u32 nvsim_fabric_alloc(struct nvsim_client *c, struct nvsim_obj *parent,
 		return NV_ERR_NOT_SUPPORTED;	/* sticky mappings: not simulated */
 	}
 	size = round_up(f->alloc_size, page);
-	return nvsim_mem_alloc(c, parent, handle, NV_MEMORY_FABRIC, &size,
+	return nvsim_mem_alloc(c, parent, handle, NV_MEMORY_FABRIC, &l, &size,
 			       &offset, NULL);
 }
 
