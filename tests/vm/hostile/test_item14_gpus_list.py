@@ -85,9 +85,11 @@ def test_gpu_outside_the_list_is_out_of_reach(daemon: Daemon, nvsim: Path) -> No
             "gpu0 memory 0/0x0": 1,
         }
         # nvsim saw one open (nvidiactl) and only the allowed calls: the first
-        # client, then client, device, subdevice and memory on GPU 0.
+        # client, then client, device, subdevice and memory on GPU 0, and the
+        # daemon's three questions about that memory (VGPU_CMD_OBJECT: class,
+        # parent, size).
         assert int(get_param("nvsim", "opens")) == opens + 1
-        assert nv.rm_calls() == calls + 5
+        assert nv.rm_calls() == calls + 5 + 3
         assert heap_free(ctl, gpu1) == free1
     finally:
         fds.close_all()
