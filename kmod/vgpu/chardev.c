@@ -500,7 +500,8 @@ static long vgpu_slow_allow(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 	}
 	/* Off before the caller, or the daemon, hears of the group. */
 	if (group && !dret)
-		vgpu_sched_new_group(ctx, &checked);
+		vgpu_sched_new_group(ctx, &checked,
+				     m->params ? s->params : NULL);
 	if (v->flags & VGPU_VERDICT_F_POST)
 		ret = vgpu_post_upcall(c, s, dret, ret);
 	else if (rflags & VGPU_RULE_F_POST)

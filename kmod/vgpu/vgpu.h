@@ -180,7 +180,8 @@ struct file *vgpu_rm_backing(u64 ctx_id, int *err);
 int vgpu_schedule(const struct vgpu_sched *in, u32 n,
 		  struct vgpu_sched_result *out, const char **why);
 bool vgpu_sched_alloc_layout(u32 nr, u32 size);
-void vgpu_sched_new_group(struct vgpu_ctx *ctx, const struct nvos21 *checked);
+void vgpu_sched_new_group(struct vgpu_ctx *ctx, const struct nvos21 *checked,
+			  const struct nvos21 *results);
 u32 vgpu_sched_restore(void);
 void vgpu_sched_forget(u64 ctx_id);
 void vgpu_sched_exit(void);

@@ -180,8 +180,9 @@ def test_post_upcall_virtualizes_fb_info(vg: Env) -> None:
             hdr, _ = g.next_upcall()
             g.verdict(hdr[U_ID], ALLOW, flags=VERDICT_F_POST)
             post, _ = g.next_upcall()
-            # A POST upcall takes ALLOW or REPLY only; REPLY as long as sent.
-            for action, kw in ((DENY, dict(error=1)), (FAIL_STATUS, {}),
+            # A POST upcall takes ALLOW, REPLY or (v4) FAIL_STATUS only; REPLY
+            # as long as sent.
+            for action, kw in ((DENY, dict(error=1)),
                                (ALLOW, dict(flags=VERDICT_F_POST)),
                                (REPLY, dict(data=bytes(8)))):
                 with pytest.raises(NlError) as e:

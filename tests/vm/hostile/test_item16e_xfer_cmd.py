@@ -68,8 +68,9 @@ def test_wrapper_cmd_is_the_drivers_whole_value(daemon: Daemon, nvsim: Path) -> 
         print(f"attempts: {ROUNDS} wrappers with a high cmd: {seen}; upcalls {sent}")
         assert seen == {"22/0xffff": ROUNDS, "plain 0/0x0": 1}  # EINVAL, params untouched
         # The open, the tree (client, device, subdevice) and the plain alloc
-        # were upcalled; none of the wrappers was.
-        assert sent == 5
+        # with its POST upcall (the driver-truth check) were upcalled; none of
+        # the wrappers was.
+        assert sent == 6
         # nvsim got every call (the tree, the wrappers, the plain alloc) ...
         assert nv.rm_calls() - calls == 3 + ROUNDS + 1
         # ... and holds the plain allocation only.
