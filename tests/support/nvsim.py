@@ -14,6 +14,7 @@ from __future__ import annotations
 import mmap
 import os
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,3 +112,33 @@ def fb(ctl: int, tree: nv.Tree) -> dict[int, int]:
 
 def heap_free(ctl: int, tree: nv.Tree) -> int:
     return fb(ctl, tree)[nv.FB_HEAP_FREE]
+
+
+class HeapSampler:
+    """Samples, as root through nvsim's own nodes, what GPU 0 holds beyond `free0`:
+    every `period` seconds while the block runs, and once at its end."""
+
+    def __init__(self, fds: Fds, period: float = 0.2) -> None:
+        self.period = period
+        self.ctl = fds.ctl()
+        self.tree = nv.build_tree(self.ctl, 0)
+        self.free0 = heap_free(self.ctl, self.tree)
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def held(self) -> int:
+        return (self.free0 - heap_free(self.ctl, self.tree)) * 1024
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            self.samples.append(self.held())
+
+    def __enter__(self) -> HeapSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(self.held())

@@ -21,7 +21,6 @@ quota.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,7 +28,7 @@ import pytest
 
 from tests.support import nvclient as nv
 from tests.support.hostile import attacker_binary, spawn_tenant
-from tests.support.nvsim import Fds, heap_free
+from tests.support.nvsim import Fds, HeapSampler
 from tests.support.vgpud_proc import Daemon
 
 pytestmark = pytest.mark.vm
@@ -54,34 +53,6 @@ print(out.strip())
 def racer() -> Iterator[Path]:
     with attacker_binary("attack_shadow") as exe:
         yield exe
-
-
-class HeapSampler:
-    """Samples, as root through nvsim's own nodes, what GPU 0 holds beyond `free0`."""
-
-    def __init__(self, fds: Fds) -> None:
-        self.ctl = fds.ctl()
-        self.tree = nv.build_tree(self.ctl, 0)
-        self.free0 = heap_free(self.ctl, self.tree)
-        self.samples: list[int] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def held(self) -> int:
-        return (self.free0 - heap_free(self.ctl, self.tree)) * 1024
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            self.samples.append(self.held())
-
-    def __enter__(self) -> HeapSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.samples.append(self.held())
 
 
 def test_rewritten_results_get_no_uncharged_memory(daemon: Daemon, nvsim: Path,

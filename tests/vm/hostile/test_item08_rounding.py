@@ -20,14 +20,13 @@ the quota, and the refusal is NV_ERR_NO_MEMORY.
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import pytest
 
 from tests.support import nvclient as nv
 from tests.support.hostile import spawn_tenant
-from tests.support.nvsim import Fds, heap_free
+from tests.support.nvsim import Fds, HeapSampler
 from tests.support.vgpud_proc import Daemon
 
 pytestmark = pytest.mark.vm
@@ -68,39 +67,11 @@ print(json.dumps({"attempts": n + 1, "ok": ok, "sizes": sorted(sizes), "refusal"
 """
 
 
-class HeapSampler:
-    """Samples, as root through nvsim's own nodes, what GPU 0 holds beyond `free0`."""
-
-    def __init__(self, fds: Fds) -> None:
-        self.ctl = fds.ctl()
-        self.tree = nv.build_tree(self.ctl, 0)
-        self.free0 = heap_free(self.ctl, self.tree)
-        self.samples: list[int] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def held(self) -> int:
-        return (self.free0 - heap_free(self.ctl, self.tree)) * 1024
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.05):
-            self.samples.append(self.held())
-
-    def __enter__(self) -> HeapSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.samples.append(self.held())
-
-
 def test_small_allocations_with_huge_pages_stay_within_the_quota(daemon: Daemon,
                                                                   nvsim: Path) -> None:
     fds = Fds(nv.NvNodes(nvsim))
     try:
-        with HeapSampler(fds) as heap:
+        with HeapSampler(fds, period=0.05) as heap:
             tenant = spawn_tenant(TENANT)
             try:
                 out, err = tenant.communicate(timeout=600)

@@ -25,7 +25,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,7 +35,7 @@ from tests.support import nvclient as nv
 from tests.support import vgpu_genl
 from tests.support.guest import ROOT, set_param
 from tests.support.hostile import TENANT_UID, attacker_binary, spawn_tenant, start_daemon
-from tests.support.nvsim import Fds, heap_free
+from tests.support.nvsim import Fds, HeapSampler
 from tests.support.vgpud_proc import Daemon
 
 pytestmark = pytest.mark.vm
@@ -134,34 +133,6 @@ def p99(lat: list[int]) -> float:
 
 def p50(lat: list[int]) -> float:
     return sorted(lat)[len(lat) // 2] / 1e6
-
-
-class HeapSampler:
-    """Samples, as root through nvsim's own nodes, what GPU 0 holds beyond `free0`."""
-
-    def __init__(self, fds: Fds) -> None:
-        self.ctl = fds.ctl()
-        self.tree = nv.build_tree(self.ctl, 0)
-        self.free0 = heap_free(self.ctl, self.tree)
-        self.samples: list[int] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def held(self) -> int:
-        return (self.free0 - heap_free(self.ctl, self.tree)) * 1024
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            self.samples.append(self.held())
-
-    def __enter__(self) -> HeapSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.samples.append(self.held())
 
 
 def test_a_flood_loses_no_upcall_of_another_tenant(daemon: Daemon, vgpu: Path, nvsim: Path,
