@@ -65,14 +65,38 @@ struct vgpu_call {
 };
 
 /*
- * Calls the driver. An IOCTL_XFER_CMD call gets a copy of the wrapper the
- * module read (shadow.c): were the driver to read the caller's again, a
- * thread rewriting it in between would take a call past the filter.
+ * The driver may have read something else than the shadow (it was unmapped
+ * during the call): the context is revoked, every later call fails.
  */
-static long vgpu_forward(struct vgpu_ctx *ctx, const struct vgpu_call *c)
+static void vgpu_revoke(struct vgpu_ctx *ctx, u32 reason)
+{
+	struct vgpu_event ev = {
+		.ctx_id = ctx->id,
+		.kind = VGPU_EVENT_REVOKED,
+		.nr = reason,
+	};
+
+	if (READ_ONCE(ctx->revoked))
+		return;
+	WRITE_ONCE(ctx->revoked, true);
+	vgpu_count4(revoked);
+	pr_warn_ratelimited("vgpu: context %llu revoked: its shadow was unmapped during a call\n",
+			    ctx->id);
+	vgpu_event(&ev, NULL, 0, NULL, 0);
+}
+
+/*
+ * Calls the driver, on @sh when the call's blocks are shadowed (NULL: the
+ * caller's memory). An IOCTL_XFER_CMD call without a shadow gets a copy
+ * of the wrapper the module read (shadow.c): were the driver to read the
+ * caller's again, a thread rewriting it in between would take a call past
+ * the filter.
+ */
+static long vgpu_forward(struct vgpu_ctx *ctx, const struct vgpu_call *c,
+			 struct vgpu_shadow *sh)
 {
 	struct file *b = ctx->backing;
-	struct vgpu_shadow sh = {};
+	struct vgpu_shadow own = {};
 	unsigned long arg = c->arg;
 	struct vgpu_fdx x;
 	long ret;
@@ -80,18 +104,25 @@ static long vgpu_forward(struct vgpu_ctx *ctx, const struct vgpu_call *c)
 	if (!b->f_op->unlocked_ioctl)
 		return -ENOTTY;
 	if (c->xfer) {
-		ret = vgpu_shadow_map_wrapper(&sh, ctx, c->xfer);
+		ret = vgpu_shadow_map_wrapper(&own, ctx, c->xfer);
 		if (ret)
 			return ret;
-		arg = sh.arg;
+		arg = own.arg;
+		sh = &own;
 	}
-	ret = vgpu_fdx_prepare(&x, c->node, c->nr, c->size, c->params);
+	ret = vgpu_fdx_prepare(&x, c->node, c->nr, c->size, c->params,
+			       sh ? sh->kparams : NULL);
 	if (ret)
 		goto out;
+	vgpu_shadow_enter(sh);
 	ret = b->f_op->unlocked_ioctl(b, c->cmd, arg);
+	if (!vgpu_shadow_leave(sh)) {
+		vgpu_revoke(ctx, VGPU_REVOKE_SHADOW);
+		ret = -EIO;
+	}
 	vgpu_fdx_finish(&x);
 out:
-	vgpu_shadow_unmap(&sh);
+	vgpu_shadow_unmap(&own);
 	return ret;
 }
 
@@ -293,10 +324,9 @@ static long vgpu_post_upcall(const struct vgpu_call *c, struct vgpu_slow *s,
  * on the blocks the daemon checked (shadow.c). Its results are read back into
  * @s's buffers (the caller's pointers put back in the params and the
  * buffer), then written to the caller's params and, when the driver changed
- * them, to the caller's buffer and nested list. A block that cannot be read
- * back is left out of @s->m. *dret is
- * the driver's return value, or the error that kept the driver from
- * running.
+ * them, to the caller's buffer and nested list. *dret is the driver's
+ * return value, or the error that kept the driver from running (-EIO when
+ * the context was revoked during the call).
  *
  * Return: what the caller gets: *dret, or -EFAULT when a result could not
  * be delivered (the driver ran; the real driver answers -EFAULT for a
@@ -337,44 +367,33 @@ static long vgpu_forward_shadow(struct vgpu_ctx *ctx,
 	sc.params = sh.params;
 	sc.arg = sh.arg;
 	sc.xfer = NULL;		/* the shadow's wrapper is ours already */
-	*dret = vgpu_forward(ctx, &sc);
+	*dret = vgpu_forward(ctx, &sc, &sh);
 	ret = *dret;
 
-	if (vgpu_shadow_read_params(&sh, s->params, m->params_len)) {
-		m->params = NULL;
-		ret = -EFAULT;
-	} else if (s->data) {
-		put_unaligned(s->dptr, (u64 *)(s->params + s->ptr_off));
-	}
+	memcpy(s->params, sh.kparams, m->params_len);
 	if (s->data) {
+		put_unaligned(s->dptr, (u64 *)(s->params + s->ptr_off));
 		/* @after: the REPLY buffer, free until a POST upcall. */
-		if (vgpu_shadow_read_data(&sh, after, m->data_len)) {
-			m->data = NULL;
-			ret = -EFAULT;
-		} else {
-			/* The caller's list pointer, not the shadow's. */
-			if (sl.list)
-				put_unaligned(s->lptr,
-					      (u64 *)(after + sl.ptr_off));
-			if (memcmp(after, s->data, m->data_len)) {
-				memcpy(s->data, after, m->data_len);
-				data_changed = true;
-			}
+		memcpy(after, sh.kdata, m->data_len);
+		/* The caller's list pointer, not the shadow's. */
+		if (sl.list)
+			put_unaligned(s->lptr, (u64 *)(after + sl.ptr_off));
+		if (memcmp(after, s->data, m->data_len)) {
+			memcpy(s->data, after, m->data_len);
+			data_changed = true;
 		}
 	}
 	if (sl.list) {
 		/* @after2: the REPLY's list, free until a POST upcall. */
-		if (vgpu_shadow_read_list(&sh, after2, m->data2_len)) {
-			m->data2 = NULL;
-			ret = -EFAULT;
-		} else if (memcmp(after2, s->list, m->data2_len)) {
+		memcpy(after2, sh.klist, m->data2_len);
+		if (memcmp(after2, s->list, m->data2_len)) {
 			memcpy(s->list, after2, m->data2_len);
 			list_changed = true;
 		}
 	}
 	vgpu_shadow_unmap(&sh);
 
-	if (m->params && copy_to_user(c->params, s->params, m->params_len))
+	if (copy_to_user(c->params, s->params, m->params_len))
 		ret = -EFAULT;
 	if (data_changed &&
 	    copy_to_user(u64_to_user_ptr(s->dptr), s->data, m->data_len))
@@ -401,7 +420,7 @@ static long vgpu_forward_checked(struct vgpu_ctx *ctx,
 	long dret;
 
 	if (!plen || !s->params)
-		return vgpu_forward(ctx, c);
+		return vgpu_forward(ctx, c, NULL);
 	if (!m->params) {
 		/* Not prepared for an upcall: the params alone. */
 		m->params = s->params;
@@ -495,7 +514,7 @@ static long vgpu_slow_allow(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 	if (m->params) {
 		ret = vgpu_forward_shadow(ctx, c, s, &dret);
 	} else {
-		ret = vgpu_forward(ctx, c);
+		ret = vgpu_forward(ctx, c, NULL);
 		dret = ret;
 	}
 	/* Off before the caller, or the daemon, hears of the group. */
@@ -596,6 +615,8 @@ static long vgpu_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 	long ret;
 
 	vgpu_count(ioctls);
+	if (READ_ONCE(ctx->revoked))
+		return -EIO;
 	if (node == VGPU_NODE_UVM) {
 		c.nr = cmd;
 	} else {
@@ -629,7 +650,7 @@ static long vgpu_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 		slow = true;
 		ret = vgpu_ioctl_slow(ctx, &c, copy_size);
 	} else {
-		ret = vgpu_forward(ctx, &c);
+		ret = vgpu_forward(ctx, &c, NULL);
 	}
 	trace_vgpu_ioctl_exit(ctx->id, c.nr, ret, slow);
 	return ret;
@@ -853,6 +874,8 @@ static int vgpu_mmap(struct file *file, struct vm_area_struct *vma)
 
 	if (!b->f_op->mmap)
 		return -ENODEV;
+	if (READ_ONCE(ctx->revoked))
+		return -EIO;
 	if (ctx->node->kind == VGPU_NODE_UVM &&
 	    vgpu_filter_wants(VGPU_FILTER_UVM_MMAP)) {
 		err = vgpu_mmap_upcall(ctx, vma);

@@ -39,6 +39,7 @@
 #include <linux/sysfs.h>
 #include <linux/uaccess.h>
 
+#include "compat.h"
 #include "vgpu.h"
 
 #define VGPU_PROXYFS_MAGIC	0x76677078	/* "vgpx" */
@@ -125,7 +126,7 @@ static char *vgpu_proxy_dname(struct dentry *dentry, char *buf, int len)
 	char name[32];
 	int n;
 
-	n = snprintf(name, sizeof(name), "vgpu-proxy:[%lu]",
+	n = snprintf(name, sizeof(name), "%s:[%lu]", dentry->d_name.name,
 		     d_inode(dentry)->i_ino) + 1;
 	if (n > len)
 		return ERR_PTR(-ENAMETOOLONG);
@@ -211,6 +212,57 @@ err_put:
 	return f;
 }
 
+/* The fd field, in the shadow's kernel view when there is one. */
+static int vgpu_fdx_get(const struct vgpu_fdx *x, int *fd)
+{
+	if (x->kptr) {
+		*fd = get_unaligned(x->kptr);
+		return 0;
+	}
+	return get_user(*fd, x->uptr);
+}
+
+static int vgpu_fdx_put(const struct vgpu_fdx *x, int fd)
+{
+	if (x->kptr) {
+		put_unaligned(fd, x->kptr);
+		return 0;
+	}
+	return put_user(fd, x->uptr);
+}
+
+/**
+ * vgpu_pseudo_file - a file of ours on an inode of its own (shadow.c)
+ * @name: its name in /proc/<pid>/maps and fd, "@name:[ino]"
+ * @fops: its operations; @fops->owner is held for the file's life
+ * @priv: its private_data
+ *
+ * The inode is an anonymous one (alloc_anon_inode): its own address space,
+ * whose dirty tracking is a no-op, and no open.
+ *
+ * Return: one reference, or an ERR_PTR.
+ */
+struct file *vgpu_pseudo_file(const char *name,
+			      const struct file_operations *fops, void *priv)
+{
+	struct inode *inode;
+	struct file *f;
+
+	inode = alloc_anon_inode(vgpu_proxy_mnt->mnt_sb);
+	if (IS_ERR(inode))
+		return ERR_CAST(inode);
+	/* The file's, dropped by its last fput (fops_put of .owner). */
+	__module_get(fops->owner);
+	f = alloc_file_pseudo(inode, vgpu_proxy_mnt, name, O_RDWR, fops);
+	if (IS_ERR(f)) {
+		module_put(fops->owner);
+		iput(inode);
+		return f;
+	}
+	f->private_data = priv;
+	return f;
+}
+
 /**
  * vgpu_fdx_prepare - translate the fd argument of a call, if it has one
  * @x: state for vgpu_fdx_finish()
@@ -218,6 +270,9 @@ err_put:
  * @nr: escape number
  * @size: params size
  * @params: the params the driver will read
+ * @kparams: the kernel's view of @params when they lie in a shadow (the
+ *	fd is read and written there, never through the tenant's mapping),
+ *	or NULL
  *
  * An fd of one of our emulated files becomes a temporary fd of a proxy of
  * it; any other fd becomes -1.
@@ -226,11 +281,10 @@ err_put:
  * the call must then fail without reaching the driver.
  */
 int vgpu_fdx_prepare(struct vgpu_fdx *x, u32 node, u32 nr, u32 size,
-		     void __user *params)
+		     void __user *params, void *kparams)
 {
 	const struct vgpu_fd_arg *a = NULL;
 	struct file *f, *proxy;
-	int __user *uptr;
 	int fd, tmp, err;
 	size_t i;
 
@@ -244,10 +298,11 @@ int vgpu_fdx_prepare(struct vgpu_fdx *x, u32 node, u32 nr, u32 size,
 	}
 	if (!a)
 		return 0;
-	uptr = params + a->off;
+	x->uptr = params + a->off;
+	x->kptr = kparams ? kparams + a->off : NULL;
 	/* Unreadable now, it could be readable by the driver's read. */
-	if (get_user(fd, uptr))
-		return -EFAULT;
+	if (vgpu_fdx_get(x, &fd))
+		goto err_none;
 	f = fget(fd);
 	if (f && f->f_op != &vgpu_fops) {
 		fput(f);
@@ -255,9 +310,8 @@ int vgpu_fdx_prepare(struct vgpu_fdx *x, u32 node, u32 nr, u32 size,
 	}
 	if (!f) {
 		/* Not ours: the driver sees no fd at all. */
-		if (put_user(-1, uptr))
-			return -EFAULT;
-		x->uptr = uptr;
+		if (vgpu_fdx_put(x, -1))
+			goto err_none;
 		x->orig_fd = fd;
 		return 0;
 	}
@@ -272,7 +326,7 @@ int vgpu_fdx_prepare(struct vgpu_fdx *x, u32 node, u32 nr, u32 size,
 		err = tmp;
 		goto err_proxy;
 	}
-	if (put_user(tmp, uptr)) {
+	if (vgpu_fdx_put(x, tmp)) {
 		err = -EFAULT;
 		goto err_fd;
 	}
@@ -280,7 +334,6 @@ int vgpu_fdx_prepare(struct vgpu_fdx *x, u32 node, u32 nr, u32 size,
 	fd_install(tmp, get_file(proxy));
 	x->ours = f;
 	x->proxy = proxy;
-	x->uptr = uptr;
 	x->orig_fd = fd;
 	x->tmp_fd = tmp;
 	return 0;
@@ -291,7 +344,12 @@ err_proxy:
 	fput(proxy);
 err_ours:
 	fput(f);
+	memset(x, 0, sizeof(*x));
 	return err;
+
+err_none:
+	memset(x, 0, sizeof(*x));
+	return -EFAULT;
 }
 
 /*
@@ -305,7 +363,7 @@ void vgpu_fdx_finish(struct vgpu_fdx *x)
 		return;
 	if (x->proxy)
 		WRITE_ONCE(file_inode(x->proxy)->i_rdev, 0);
-	if (put_user(x->orig_fd, x->uptr))
+	if (vgpu_fdx_put(x, x->orig_fd))
 		pr_debug("vgpu: could not restore fd %d in params\n",
 			 x->orig_fd);
 	if (x->proxy) {

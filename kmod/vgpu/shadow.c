@@ -2,8 +2,8 @@
 /*
  * Shadows: what the driver reads is what the module read, not the caller's
  * memory again. The driver reads user memory of the current process only,
- * so the copy goes into a private anonymous region mapped in the caller's
- * mm for the duration of the call.
+ * so the copy goes into a region mapped in the caller's mm for the
+ * duration of the call.
  *
  * Shadow calls (VGPU_RULE_F_SHADOW) hand the driver the blocks the daemon
  * checked:
@@ -13,8 +13,8 @@
  * The params are written as the upcall carried them, except that the
  * rule's pointer names the shadow's copy of its buffer, and the buffer's
  * pointer to its nested list (VGPU_A_NESTED) names the shadow's copy of the
- * list; an XFER wrapper of our own names the shadow params. The driver is called on the shadow, its
- * results are read back, and the region is unmapped on every path.
+ * list; an XFER wrapper of our own names the shadow params. The driver is
+ * called on the shadow and its results are read back.
  *
  * Every other IOCTL_XFER_CMD call gets a wrapper-only shadow: the wrapper
  * as the module read it (its escape chose the filter's path), still naming
@@ -24,32 +24,55 @@
  * rule's key matched, a rule without the flag, the fail-open policy) runs
  * on a shadow of its params as read, too (chardev.c).
  *
+ * The region is guarded: the caller's threads share its mm, so an ordinary
+ * mapping there could be rewritten between the module's copy and the
+ * driver's read. A region is pages of the module's (vmalloc_user) behind a
+ * file of its own (fdxlate.c's pseudo filesystem), mapped shared. The
+ * module writes and reads them through its kernel mapping only. The user
+ * mapping's pages are read-only until written (write-notify): a write
+ * fault is granted only to the thread whose call is in the driver, while
+ * it is there (struct vgpu_region.writer), so only the driver's own
+ * results make a page writable, and RM writes its results after it read
+ * its params. Every other writer gets SIGBUS (or EFAULT in the kernel).
+ * After the call the writable PTEs are zapped. VM_IO keeps get_user_pages
+ * off the region, so /proc/<pid>/mem, process_vm_writev, io_uring and
+ * O_DIRECT can neither write nor pin it; VM_DONTCOPY keeps it from
+ * children; splitting and moving it are refused.
+ *
+ * What the guard cannot stop is munmap: a sibling that unmaps the whole
+ * region while the driver runs can put memory of its own at the address
+ * the driver reads. Every unmap is seen (vm_ops->close); one during a call
+ * revokes the context (every later call -EIO). See docs/architecture.md.
+ *
  * Each open file keeps one region mapped between its calls (struct
  * vgpu_shadow_cache), in the mm of the process that first used it: a call
  * that finds it free reuses it, so that the common call pays two copies
- * and no mmap, fault, munmap and TLB flush. A call that finds it busy (a
- * sibling thread's call in flight) or comes from another mm maps a region
- * of its own for the call.
- *
- * What a shadow does not close: the region is an ordinary mapping of the
- * caller's process, so a sibling thread that finds it can write it while
- * the driver runs (see docs/architecture.md).
+ * and no mmap or munmap. A call that finds it busy (a sibling thread's
+ * call in flight) or comes from another mm maps a region of its own for
+ * the call.
  */
 #include <linux/atomic.h>
 #include <linux/err.h>
+#include <linux/file.h>
+#include <linux/fs.h>
 #include <linux/mm.h>
 #include <linux/mman.h>
 #include <linux/moduleparam.h>
 #include <linux/sched.h>
 #include <linux/sched/mm.h>
+#include <linux/slab.h>
 #include <linux/sysfs.h>
-#include <linux/uaccess.h>
+#include <linux/vmalloc.h>
+
+#include "compat.h"
 
 #include "vgpu.h"
 
 /* Gauges, read-only module parameters; independent atomics. */
 static atomic64_t vgpu_shadow_calls = ATOMIC64_INIT(0);
 static atomic64_t vgpu_shadows_live = ATOMIC64_INIT(0);
+static atomic64_t vgpu_shadow_refused = ATOMIC64_INIT(0);
+static atomic64_t vgpu_shadow_revoked = ATOMIC64_INIT(0);
 
 static int vgpu_gauge_get(char *buf, const struct kernel_param *kp)
 {
@@ -64,6 +87,191 @@ module_param_cb(shadow_calls, &vgpu_gauge_ops, &vgpu_shadow_calls, 0444);
 MODULE_PARM_DESC(shadow_calls, "VGPU_RULE_F_SHADOW calls handed to the driver on a shadow (read-only)");
 module_param_cb(shadows_live, &vgpu_gauge_ops, &vgpu_shadows_live, 0444);
 MODULE_PARM_DESC(shadows_live, "shadow regions mapped now, shadow calls and XFER wrappers (read-only)");
+module_param_cb(shadow_writes_refused, &vgpu_gauge_ops, &vgpu_shadow_refused, 0444);
+MODULE_PARM_DESC(shadow_writes_refused, "writes to a shadow by anyone but the driver's caller, refused (read-only)");
+module_param_cb(shadow_revoked, &vgpu_gauge_ops, &vgpu_shadow_revoked, 0444);
+MODULE_PARM_DESC(shadow_revoked, "contexts revoked: their shadow was unmapped during a call (read-only)");
+
+/**
+ * struct vgpu_region - the pages behind a shadow; its file's private_data
+ * @kbuf: vmalloc_user() pages, @len bytes; each page's ->mapping is the
+ *	file's, as the fault path wants of a shared file page
+ * @len: whole pages
+ * @writer: the task whose call is in the driver on this region, or NULL.
+ *	Written by that task alone (enter, leave); read by page_mkwrite in
+ *	any faulting task, where only the writer itself can compare equal:
+ *	no lock, READ_ONCE/WRITE_ONCE
+ * @granted: a write fault was granted since the last zap; the writer's
+ *	own, like @writer
+ * @closes: VMAs of the region closed (unmapped, or a refused move undone);
+ *	a region once closed is never used again
+ *
+ * Lives as long as its file: one reference per VMA, one of the module's.
+ */
+struct vgpu_region {
+	void *kbuf;
+	size_t len;
+	struct task_struct *writer;
+	bool granted;
+	atomic_t closes;
+};
+
+static vm_fault_t vgpu_region_fault(struct vm_fault *vmf)
+{
+	struct vgpu_region *r = vmf->vma->vm_file->private_data;
+	struct page *page;
+
+	if (vmf->pgoff >= r->len >> PAGE_SHIFT)
+		return VM_FAULT_SIGBUS;
+	page = vmalloc_to_page(r->kbuf + (vmf->pgoff << PAGE_SHIFT));
+	get_page(page);
+	vmf->page = page;
+	return 0;
+}
+
+/* Only the driver, in the call of the region's writer, makes a page writable. */
+static vm_fault_t vgpu_region_mkwrite(struct vm_fault *vmf)
+{
+	struct vgpu_region *r = vmf->vma->vm_file->private_data;
+
+	if (READ_ONCE(r->writer) != current) {
+		atomic64_inc(&vgpu_shadow_refused);
+		return VM_FAULT_SIGBUS;
+	}
+	r->granted = true;
+	return 0;
+}
+
+static void vgpu_region_close(struct vm_area_struct *vma)
+{
+	struct vgpu_region *r = vma->vm_file->private_data;
+
+	atomic_inc(&r->closes);
+}
+
+/* A part would be a second VMA whose close leaves the first in place. */
+static int vgpu_region_may_split(struct vm_area_struct *vma,
+				 unsigned long addr)
+{
+	return -EINVAL;
+}
+
+static int vgpu_region_mremap(struct vm_area_struct *vma)
+{
+	return -EINVAL;
+}
+
+static const struct vm_operations_struct vgpu_region_vm_ops = {
+	.fault		= vgpu_region_fault,
+	.page_mkwrite	= vgpu_region_mkwrite,
+	.close		= vgpu_region_close,
+	.may_split	= vgpu_region_may_split,
+	.mremap		= vgpu_region_mremap,
+};
+
+/* Once, by the module's vm_mmap(): shared, whole, never copied or grown. */
+static int vgpu_region_mmap(struct file *file, struct vm_area_struct *vma)
+{
+	struct vgpu_region *r = file->private_data;
+
+	if (!(vma->vm_flags & VM_SHARED) || vma->vm_pgoff ||
+	    vma->vm_end - vma->vm_start != r->len)
+		return -EINVAL;
+	vma->vm_flags |= VM_IO | VM_DONTCOPY | VM_DONTEXPAND | VM_DONTDUMP;
+	vma->vm_ops = &vgpu_region_vm_ops;
+	return 0;
+}
+
+/* The last reference: no VMA maps the pages any more. */
+static int vgpu_region_release(struct inode *inode, struct file *file)
+{
+	struct vgpu_region *r = file->private_data;
+	size_t off;
+
+	for (off = 0; off < r->len; off += PAGE_SIZE)
+		vmalloc_to_page(r->kbuf + off)->mapping = NULL;
+	vfree(r->kbuf);
+	kfree(r);
+	return 0;
+}
+
+static const struct file_operations vgpu_region_fops = {
+	.owner		= THIS_MODULE,
+	.mmap		= vgpu_region_mmap,
+	.release	= vgpu_region_release,
+};
+
+/* A region of @len bytes, mapped in the caller's mm; 0 or a negative errno. */
+static int vgpu_region_map(size_t len, struct file **filep,
+			   unsigned long *basep)
+{
+	struct vgpu_region *r;
+	unsigned long base;
+	struct file *f;
+	size_t off;
+	int err = -ENOMEM;
+
+	r = kzalloc(sizeof(*r), GFP_KERNEL_ACCOUNT);
+	if (!r)
+		return -ENOMEM;
+	r->len = len;
+	r->kbuf = vmalloc_user(len);
+	if (!r->kbuf)
+		goto err_free;
+	f = vgpu_pseudo_file("vgpu-shadow", &vgpu_region_fops, r);
+	if (IS_ERR(f)) {
+		err = PTR_ERR(f);
+		goto err_vfree;
+	}
+	for (off = 0; off < len; off += PAGE_SIZE) {
+		struct page *page = vmalloc_to_page(r->kbuf + off);
+
+		page->mapping = f->f_mapping;
+		page->index = off >> PAGE_SHIFT;
+	}
+	/* From here on the file owns @r: its release frees it. */
+	base = vm_mmap(f, 0, len, PROT_READ | PROT_WRITE, MAP_SHARED, 0);
+	if (IS_ERR_VALUE(base)) {
+		fput(f);
+		return (int)base;
+	}
+	*filep = f;
+	*basep = base;
+	atomic64_inc(&vgpu_shadows_live);
+	return 0;
+
+err_vfree:
+	vfree(r->kbuf);
+err_free:
+	kfree(r);
+	return err;
+}
+
+static struct vgpu_region *vgpu_region_of(struct file *f)
+{
+	return f->private_data;
+}
+
+/* Still mapped as the module mapped it: no VMA of it was ever closed. */
+static bool vgpu_region_intact(struct file *f)
+{
+	return !atomic_read(&vgpu_region_of(f)->closes);
+}
+
+/*
+ * Lets go of a region: unmapped when it still lies at @base in the
+ * caller's mm (what lies there after a close is the caller's own), then
+ * the module's reference dropped.
+ */
+static void vgpu_region_put(struct file *f, unsigned long base,
+			    struct mm_struct *mm)
+{
+	if (mm == current->mm && vgpu_region_intact(f) &&
+	    vm_munmap(base, vgpu_region_of(f)->len))
+		pr_debug("vgpu: shadow unmap failed\n");
+	fput(f);
+	atomic64_dec(&vgpu_shadows_live);
+}
 
 /*
  * The largest shadow: [wrapper | params | pad | buffer | pad | list], whole
@@ -72,19 +280,14 @@ MODULE_PARM_DESC(shadows_live, "shadow regions mapped now, shadow calls and XFER
 #define VGPU_SHADOW_MAX	PAGE_ALIGN(sizeof(struct nv_ioctl_xfer) + \
 				   3 * VGPU_PARAMS_MAX + 2 * sizeof(u64))
 
-static unsigned long vgpu_shadow_mmap(size_t len)
-{
-	return vm_mmap(NULL, 0, len, PROT_READ | PROT_WRITE,
-		       MAP_PRIVATE | MAP_ANONYMOUS, 0);
-}
-
-/* Forgets the kept region, leaving it mapped. Caller holds sc->lock. */
+/* Forgets the kept region. Caller holds sc->lock. */
 static void vgpu_shadow_forget(struct vgpu_shadow_cache *sc)
 {
+	vgpu_region_put(sc->file, sc->base, sc->mm);
 	mmdrop(sc->mm);
 	sc->mm = NULL;
 	sc->base = 0;
-	atomic64_dec(&vgpu_shadows_live);
+	sc->file = NULL;
 }
 
 /*
@@ -94,27 +297,25 @@ static void vgpu_shadow_forget(struct vgpu_shadow_cache *sc)
 static bool vgpu_shadow_take(struct vgpu_shadow *sh, struct vgpu_ctx *ctx)
 {
 	struct vgpu_shadow_cache *sc = &ctx->shadow;
-	unsigned long base;
 
 	if (!mutex_trylock(&sc->lock))
 		return false;
 	/* Its process exec'd or exited (the file lives on elsewhere). */
 	if (sc->mm && sc->mm != current->mm && !atomic_read(&sc->mm->mm_users))
 		vgpu_shadow_forget(sc);
-	if (!sc->mm) {
-		base = vgpu_shadow_mmap(VGPU_SHADOW_MAX);
-		if (!IS_ERR_VALUE(base)) {
-			mmgrab(current->mm);
-			sc->mm = current->mm;
-			sc->base = base;
-			atomic64_inc(&vgpu_shadows_live);
-		}
+	/* Unmapped by the caller between calls: what lies there is its own. */
+	if (sc->mm == current->mm && !vgpu_region_intact(sc->file))
+		vgpu_shadow_forget(sc);
+	if (!sc->mm && !vgpu_region_map(VGPU_SHADOW_MAX, &sc->file, &sc->base)) {
+		mmgrab(current->mm);
+		sc->mm = current->mm;
 	}
 	if (sc->mm != current->mm) {
 		mutex_unlock(&sc->lock);
 		return false;
 	}
 	sh->cache = sc;
+	sh->file = sc->file;
 	sh->base = sc->base;
 	sh->len = VGPU_SHADOW_MAX;
 	return true;
@@ -124,34 +325,25 @@ static bool vgpu_shadow_take(struct vgpu_shadow *sh, struct vgpu_ctx *ctx)
 static int vgpu_shadow_alloc(struct vgpu_shadow *sh, struct vgpu_ctx *ctx,
 			     size_t len)
 {
-	unsigned long base;
+	int err;
 
 	memset(sh, 0, sizeof(*sh));
 	if (!current->mm)
 		return -EFAULT;
 	if (len <= VGPU_SHADOW_MAX && vgpu_shadow_take(sh, ctx))
 		return 0;
-	base = vgpu_shadow_mmap(len);
-	if (IS_ERR_VALUE(base))
-		return (int)base;
-	sh->base = base;
+	err = vgpu_region_map(len, &sh->file, &sh->base);
+	if (err)
+		return err;
 	sh->len = len;
-	atomic64_inc(&vgpu_shadows_live);
 	return 0;
 }
 
-/*
- * The shadow could not be written: a sibling thread unmapped or protected
- * it. A kept region is forgotten (what lies there now is the caller's), a
- * region of the call's own unmapped.
- */
-static void vgpu_shadow_fault(struct vgpu_shadow *sh)
+/* The kernel's view of the user address @u in @sh's region. */
+static void *vgpu_shadow_kaddr(const struct vgpu_shadow *sh, void __user *u)
 {
-	if (sh->cache) {
-		vgpu_shadow_forget(sh->cache);
-		sh->base = 0;
-	}
-	vgpu_shadow_unmap(sh);
+	return vgpu_region_of(sh->file)->kbuf +
+	       ((unsigned long)u - sh->base);
 }
 
 /**
@@ -169,8 +361,7 @@ static void vgpu_shadow_fault(struct vgpu_shadow *sh)
  *	@data, and its pointer within @dlen
  *
  * Return: 0, or a negative errno with nothing mapped: -ENOMEM (no room in
- * the caller's address space), -EFAULT (no mm, or the region could not be
- * written: a sibling thread unmapped it).
+ * the caller's address space, or no memory), -EFAULT (no mm).
  */
 int vgpu_shadow_map(struct vgpu_shadow *sh, struct vgpu_ctx *ctx,
 		    const struct nv_ioctl_xfer *xfer,
@@ -205,33 +396,29 @@ int vgpu_shadow_map(struct vgpu_shadow *sh, struct vgpu_ctx *ctx,
 	sh->data = data ? (void __user *)(base + doff) : NULL;
 	sh->list = list ? (void __user *)(base + loff) : NULL;
 	sh->arg = xfer ? base : base + poff;
+	sh->kparams = vgpu_shadow_kaddr(sh, sh->params);
 
-	if (copy_to_user(sh->params, params, plen))
-		goto err_unmap;
+	memcpy(sh->kparams, params, plen);
 	if (data) {
+		sh->kdata = vgpu_shadow_kaddr(sh, sh->data);
 		dptr = (u64)(unsigned long)sh->data;
-		if (copy_to_user(sh->data, data, dlen) ||
-		    copy_to_user(sh->params + ptr_off, &dptr, sizeof(dptr)))
-			goto err_unmap;
+		memcpy(sh->kdata, data, dlen);
+		put_unaligned(dptr, (u64 *)(sh->kparams + ptr_off));
 	}
 	if (list) {
+		sh->klist = vgpu_shadow_kaddr(sh, sh->list);
 		dptr = (u64)(unsigned long)sh->list;
-		if (copy_to_user(sh->list, list->list, list->len) ||
-		    copy_to_user(sh->data + list->ptr_off, &dptr, sizeof(dptr)))
-			goto err_unmap;
+		memcpy(sh->klist, list->list, list->len);
+		put_unaligned(dptr, (u64 *)(sh->kdata + list->ptr_off));
 	}
 	if (xfer) {
 		wrap = *xfer;
 		wrap.ptr = (u64)(unsigned long)sh->params;
-		if (copy_to_user((void __user *)base, &wrap, sizeof(wrap)))
-			goto err_unmap;
+		memcpy(vgpu_shadow_kaddr(sh, (void __user *)base), &wrap,
+		       sizeof(wrap));
 	}
 	atomic64_inc(&vgpu_shadow_calls);
 	return 0;
-
-err_unmap:
-	vgpu_shadow_fault(sh);
-	return -EFAULT;
 }
 
 /**
@@ -252,76 +439,64 @@ int vgpu_shadow_map_wrapper(struct vgpu_shadow *sh, struct vgpu_ctx *ctx,
 	if (err)
 		return err;
 	sh->arg = sh->base;
-	if (copy_to_user((void __user *)sh->base, xfer, sizeof(*xfer))) {
-		vgpu_shadow_fault(sh);
-		return -EFAULT;
-	}
+	memcpy(vgpu_shadow_kaddr(sh, (void __user *)sh->base), xfer,
+	       sizeof(*xfer));
 	return 0;
 }
 
 /**
- * vgpu_shadow_read_params - read back the params as the driver left them
- * @sh: a mapped shadow
- * @params: receives @plen bytes
- * @plen: as mapped
+ * vgpu_shadow_enter - the driver is about to run on @sh
+ * @sh: a mapped shadow, or NULL
  *
- * Return: 0, or -EFAULT when the region could not be read.
+ * From here to vgpu_shadow_leave() the caller's thread, and it alone, may
+ * make a page of the region writable: the driver writing its results.
  */
-int vgpu_shadow_read_params(const struct vgpu_shadow *sh, void *params,
-			    u32 plen)
+void vgpu_shadow_enter(struct vgpu_shadow *sh)
 {
-	return copy_from_user(params, sh->params, plen) ? -EFAULT : 0;
+	if (sh && sh->file)
+		WRITE_ONCE(vgpu_region_of(sh->file)->writer, current);
 }
 
 /**
- * vgpu_shadow_read_data - read back the rule's buffer as the driver left it
- * @sh: a mapped shadow with a buffer
- * @data: receives @dlen bytes
- * @dlen: as mapped
+ * vgpu_shadow_leave - the driver has returned
+ * @sh: as given to vgpu_shadow_enter()
  *
- * Return: 0, or -EFAULT when the region could not be read.
+ * Writes are refused again, and every page the driver made writable is
+ * unmapped from the caller's mm (the next touch faults it back read-only).
+ *
+ * Return: false when the region was unmapped during the call (or before
+ * it, since it was checked): the driver may then have read whatever the
+ * caller put at the region's address. True otherwise, and without @sh.
  */
-int vgpu_shadow_read_data(const struct vgpu_shadow *sh, void *data, u32 dlen)
+bool vgpu_shadow_leave(struct vgpu_shadow *sh)
 {
-	if (!sh->data)
-		return -EFAULT;
-	return copy_from_user(data, sh->data, dlen) ? -EFAULT : 0;
+	struct vgpu_region *r;
+
+	if (!sh || !sh->file)
+		return true;
+	r = vgpu_region_of(sh->file);
+	WRITE_ONCE(r->writer, NULL);
+	if (r->granted) {
+		r->granted = false;
+		unmap_mapping_range(sh->file->f_mapping, 0, 0, 1);
+	}
+	if (vgpu_region_intact(sh->file))
+		return true;
+	atomic64_inc(&vgpu_shadow_revoked);
+	return false;
 }
 
-/**
- * vgpu_shadow_read_list - read back the nested list as the driver left it
- * @sh: a mapped shadow with a list
- * @list: receives @len bytes
- * @len: as mapped
- *
- * Return: 0, or -EFAULT when the region could not be read.
- */
-int vgpu_shadow_read_list(const struct vgpu_shadow *sh, void *list, u32 len)
-{
-	if (!sh->list)
-		return -EFAULT;
-	return copy_from_user(list, sh->list, len) ? -EFAULT : 0;
-}
-
-/* Unmaps the shadow, if mapped (a kept region is given back); safe twice. */
+/* Lets go of the shadow, if mapped (a kept region is given back); safe twice. */
 void vgpu_shadow_unmap(struct vgpu_shadow *sh)
 {
 	if (sh->cache) {
 		mutex_unlock(&sh->cache->lock);
 		sh->cache = NULL;
-		sh->base = 0;
-		return;
+	} else if (sh->file) {
+		vgpu_region_put(sh->file, sh->base, current->mm);
 	}
-	if (!sh->base)
-		return;
-	/*
-	 * Fails only when the caller is being killed (its mm goes with it);
-	 * a range a sibling thread unmapped in between is no error.
-	 */
-	if (vm_munmap(sh->base, sh->len))
-		pr_debug("vgpu: shadow unmap failed\n");
+	sh->file = NULL;
 	sh->base = 0;
-	atomic64_dec(&vgpu_shadows_live);
 }
 
 /*
@@ -333,9 +508,6 @@ void vgpu_shadow_release(struct vgpu_ctx *ctx)
 {
 	struct vgpu_shadow_cache *sc = &ctx->shadow;
 
-	if (!sc->mm)
-		return;
-	if (current->mm == sc->mm && vm_munmap(sc->base, VGPU_SHADOW_MAX))
-		pr_debug("vgpu: kept shadow unmap failed\n");
-	vgpu_shadow_forget(sc);
+	if (sc->mm)
+		vgpu_shadow_forget(sc);
 }

@@ -104,14 +104,16 @@ struct vgpu_node_dev {
  * @mm: the mm the region lies in, grabbed (mm_count) so that the pointer
  *	names that mm as long as it is kept; NULL when there is none
  * @base: where the region starts in @mm
+ * @file: the region's file (shadow.c), one reference
  *
- * @mm and @base are written under @lock, and at release, when no call is
- * in flight.
+ * @mm, @base and @file are written under @lock, and at release, when no
+ * call is in flight.
  */
 struct vgpu_shadow_cache {
-	struct mutex lock;	/* protects mm, base; held by the user */
+	struct mutex lock;	/* protects mm, base, file; held by the user */
 	struct mm_struct *mm;
 	unsigned long base;
+	struct file *file;
 };
 
 /**
@@ -127,6 +129,9 @@ struct vgpu_shadow_cache {
  * @start_boottime: start time of the opener's process (its thread-group
  *	leader's start_boottime, ns): a pid binding names this process only
  * @shadow: the region its shadow calls reuse (shadow.c)
+ * @revoked: a shadow was unmapped during one of its calls, so the driver
+ *	may have read what the caller put at its address: every later call
+ *	fails (-EIO). Set once, WRITE_ONCE/READ_ONCE, no lock
  * @slots: the upcall slots of its opener (uid and cgroup), shared by the
  *	opener's contexts; one reference held from open to release
  * @inflight: its upcalls in flight, at most upcalls_per_ctx; under
@@ -134,7 +139,7 @@ struct vgpu_shadow_cache {
  * @slot_wait: its callers waiting for one of its upcall slots
  * @rcu: for kfree_rcu: registry readers may still hold it (ctxreg.c)
  *
- * Immutable after open, but for @shadow (its own lock) and @inflight
+ * Immutable after open, but for @shadow (its own lock), @revoked and @inflight
  * (vgpu_slots.lock); in the context registry from open to release; freed
  * by release, after an RCU grace period.
  */
@@ -149,6 +154,7 @@ struct vgpu_ctx {
 	u32 gid;
 	u64 start_boottime;
 	struct vgpu_shadow_cache shadow;
+	bool revoked;
 	struct vgpu_opener_slots *slots;
 	u32 inflight;
 	wait_queue_head_t slot_wait;
@@ -197,6 +203,7 @@ u64 vgpu_objects_run(void);
  * @ours: our emulated file the caller named (referenced), NULL: none
  * @proxy: the proxy installed at @tmp_fd (referenced), NULL: none
  * @uptr: where the fd lies in the params, NULL: nothing translated
+ * @kptr: where it lies in the shadow's kernel view, NULL: @uptr is read
  * @orig_fd: the caller's fd number, restored after the call
  * @tmp_fd: the temporary fd of the proxy
  *
@@ -206,39 +213,51 @@ struct vgpu_fdx {
 	struct file *ours;
 	struct file *proxy;
 	int __user *uptr;
+	int *kptr;
 	int orig_fd;
 	int tmp_fd;
 };
 
 int vgpu_fdx_prepare(struct vgpu_fdx *x, u32 node, u32 nr, u32 size,
-		     void __user *params);
+		     void __user *params, void *kparams);
 void vgpu_fdx_finish(struct vgpu_fdx *x);
 void vgpu_fdx_mark(unsigned long *map, u32 node);
+struct file *vgpu_pseudo_file(const char *name,
+			      const struct file_operations *fops, void *priv);
 int vgpu_fdx_init(void);
 void vgpu_fdx_exit(void);
 
 /* shadow.c */
 /**
  * struct vgpu_shadow - a call's checked blocks, mapped in the caller's mm
+ * @cache: the context's kept region, held by this call (its lock), or NULL
+ *	for a region of the call's own
+ * @file: the region's file (the cache's, or one reference of the call's own)
  * @base: start of the region; 0 when nothing is mapped
  * @len: its length, whole pages
  * @arg: the ioctl argument that names the shadow (its wrapper or params)
  * @params: the shadow params, or NULL (a wrapper only)
  * @data: the shadow copy of the rule's buffer, or NULL
  * @list: the shadow copy of the buffer's nested list, or NULL
- * @cache: the context's kept region, held by this call (its lock), or NULL
- *	for a region of the call's own
+ * @kparams: @params as the module reads and writes them (the region's
+ *	kernel mapping), or NULL
+ * @kdata: @data so, or NULL
+ * @klist: @list so, or NULL
  *
  * Owned by one call, on its stack; never shared.
  */
 struct vgpu_shadow {
 	struct vgpu_shadow_cache *cache;
+	struct file *file;
 	unsigned long base;
 	size_t len;
 	unsigned long arg;
 	void __user *params;
 	void __user *data;
 	void __user *list;
+	void *kparams;
+	void *kdata;
+	void *klist;
 };
 
 /**
@@ -261,10 +280,8 @@ int vgpu_shadow_map(struct vgpu_shadow *sh, struct vgpu_ctx *ctx,
 int vgpu_shadow_map_wrapper(struct vgpu_shadow *sh, struct vgpu_ctx *ctx,
 			    const struct nv_ioctl_xfer *xfer);
 void vgpu_shadow_release(struct vgpu_ctx *ctx);
-int vgpu_shadow_read_params(const struct vgpu_shadow *sh, void *params,
-			    u32 plen);
-int vgpu_shadow_read_data(const struct vgpu_shadow *sh, void *data, u32 dlen);
-int vgpu_shadow_read_list(const struct vgpu_shadow *sh, void *list, u32 len);
+void vgpu_shadow_enter(struct vgpu_shadow *sh);
+bool vgpu_shadow_leave(struct vgpu_shadow *sh);
 void vgpu_shadow_unmap(struct vgpu_shadow *sh);
 
 /* upcall.c */

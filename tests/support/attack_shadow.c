@@ -18,7 +18,8 @@
  * the driver reads it names a taken handle, so the driver refuses the call:
  * the race is on the results only.
  * It runs for at least MIN_S seconds and ATTEMPTS calls (at most MAX_S s),
- * then prints "attempts N ok N failed N hits N regions N".
+ * then prints "attempts N ok N failed N hits N found N faults N" (faults:
+ * the rewriter's SIGSEGV/SIGBUS, a write refused or a page gone).
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -75,9 +76,10 @@ static atomic_int kind;		/* 21 or 32: the call in flight */
 static atomic_int called;	/* a call has been made: the shadow exists */
 static uint32_t client;		/* CLIENT */
 static uint32_t taken;		/* PARENT: a handle that exists */
-static atomic_ulong hits;
+static atomic_ulong hits, faults;
 static char *regions[MAX_REGIONS];
 static atomic_int n_regions;
+static atomic_ulong found;	/* regions found, all told */
 /* A page found may be unmapped again (a shadow of one call): start over. */
 static __thread sigjmp_buf lost;
 static __thread volatile sig_atomic_t armed;
@@ -93,7 +95,8 @@ static void on_fault(int sig)
 }
 
 /*
- * Pages of unnamed rw-p mappings that begin as the tenant's params do
+ * Pages of writable mappings, but the kernel's ([stack], [vvar]...), that
+ * begin as the tenant's params do
  * (hRoot, hObjectParent, then class 0x40 or function ALLOC_SIZE), not yet
  * known: the module's shadow. The tenant's own params are on its stack.
  */
@@ -112,8 +115,8 @@ static void find_regions(void)
 
 		if (sscanf(line, "%lx-%lx %7s %*s %*s %*s %n", &lo, &hi, perms, &end) < 3)
 			continue;
-		if (hi - lo > MAX_SCAN || strcmp(perms, "rw-p") ||
-		    (line[end] != '\0' && line[end] != '\n'))
+		if (hi - lo > MAX_SCAN || perms[0] != 'r' || perms[1] != 'w' ||
+		    line[end] == '[')
 			continue;
 		for (off = lo; off < hi && n < MAX_REGIONS; off += 4096) {
 			volatile uint32_t *p = (volatile uint32_t *)off;
@@ -123,8 +126,10 @@ static void find_regions(void)
 			known = 0;
 			for (i = 0; i < n; i++)
 				known |= regions[i] == (char *)off;
-			if (!known)
+			if (!known) {
 				regions[n++] = (char *)off;
+				atomic_fetch_add(&found, 1);
+			}
 		}
 	}
 	fclose(f);
@@ -133,11 +138,13 @@ static void find_regions(void)
 
 static void *rewriter(void *arg)
 {
-	unsigned long scans = 0;
+	static unsigned long scans;
 
 	(void)arg;
-	if (sigsetjmp(lost, 1))
+	if (sigsetjmp(lost, 1)) {
+		atomic_fetch_add(&faults, 1);
 		atomic_store(&n_regions, 0);
+	}
 	armed = 1;
 	while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
 		int i, n = atomic_load_explicit(&n_regions, memory_order_relaxed);
@@ -260,7 +267,8 @@ int main(int argc, char **argv)
 	}
 	atomic_store(&stop, 1);
 	pthread_join(t, NULL);
-	printf("attempts %lu ok %lu failed %lu hits %lu regions %d\n", attempts, ok, failed,
-	       (unsigned long)atomic_load(&hits), atomic_load(&n_regions));
+	printf("attempts %lu ok %lu failed %lu hits %lu found %lu faults %lu\n", attempts, ok,
+	       failed, (unsigned long)atomic_load(&hits), (unsigned long)atomic_load(&found),
+	       (unsigned long)atomic_load(&faults));
 	return 0;
 }

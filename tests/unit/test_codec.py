@@ -101,6 +101,19 @@ def test_abandoned_event_out_of_range_is_malformed(kind: int, ret: int) -> None:
     assert isinstance(decode_one(genl(Cmd.EVENT, attr(Attr.EVENT, head))), DecodeError)
 
 
+def test_revoked_event() -> None:
+    head = uapi.EVENT.struct.pack(9, 0, uapi.EventKind.REVOKED, uapi.RevokeReason.SHADOW, 0, 0)
+    assert decode_one(genl(Cmd.EVENT, attr(Attr.EVENT, head))) == codec.RevokedEvent(
+        9, uapi.RevokeReason.SHADOW)
+
+
+@pytest.mark.parametrize(("upcall_id", "nr", "ret"), [(1, 2, 0), (0, 0, 0), (0, 9, 0),
+                                                      (0, 2, -5)])
+def test_revoked_event_out_of_range_is_malformed(upcall_id: int, nr: int, ret: int) -> None:
+    head = uapi.EVENT.struct.pack(9, upcall_id, uapi.EventKind.REVOKED, nr, ret, 0)
+    assert isinstance(decode_one(genl(Cmd.EVENT, attr(Attr.EVENT, head))), DecodeError)
+
+
 def test_params_may_be_absent() -> None:
     assert decode_one(genl(Cmd.UPCALL, UPCALL_ATTR)).params == b""
     post = genl(Cmd.EVENT, attr(Attr.EVENT, uapi.EVENT.struct.pack(1, 2, 1, 0, 0, 0)))

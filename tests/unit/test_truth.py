@@ -148,21 +148,42 @@ def test_an_object_that_cannot_be_freed_is_charged_over_the_limit(w: World) -> N
     assert w.used("a") == GIB + MIB  # the truth, over the limit
 
 
-def test_an_object_of_another_class_or_parent_is_not_charged(w: World) -> None:
+def test_an_object_not_of_video_memory_is_not_charged(w: World) -> None:
     drv = Driver()
-    client, device, sub = setup_gpu(w, 1)
+    client, _, sub = setup_gpu(w, 1)
     params = _alloc_params(client, sub, 0x100, 0x40, 21, _mem(MIB))
     uid, verdict = w.upcall(1, params, _mem(MIB), nr=Escape.RM_ALLOC)
     assert verdict == ALLOW_POST
-    drv.objects[client, 0x100] = (0x50A0, sub, MIB)  # an object the call did not make
+    drv.objects[client, 0x100] = (0x50A0, sub, MIB)  # a virtual range, made before
     assert drv.answer(w.post_upcall(1, uid, Escape.RM_ALLOC, params, _mem(MIB))) == ALLOW
-    assert w.used("a") == 0
+    assert w.used("a") == 0 and (client, 0x100) in drv.objects
     assert alloc(w, drv, client, sub, MIB, 0x101, made=None) == ALLOW
-    drv.objects[client, 0x102] = (0x40, device, MIB)
+    assert w.used("a") == 0
+
+
+@pytest.mark.parametrize("made", ["class", "parent"])
+def test_video_memory_of_another_class_or_parent_is_freed_and_fails(w: World,
+                                                                    made: str) -> None:
+    """A sibling rewrote hClass or hObjectParent in the shadow after the check:
+    the driver made video memory under the decided handle, but not what was
+    decided on. It is undone, whatever the results say."""
+    drv = Driver()
+    client, device, sub = setup_gpu(w, 1)
     params = _alloc_params(client, sub, 0x102, 0x40, 21, _mem(MIB))
     uid, _ = w.upcall(1, params, _mem(MIB), nr=Escape.RM_ALLOC)
-    assert drv.answer(w.post_upcall(1, uid, Escape.RM_ALLOC, params, _mem(MIB))) == ALLOW
+    klass, parent = (0x3F, sub) if made == "class" else (0x40, device)
+    drv.objects[client, 0x102] = (klass, parent, 64 * MIB)
+    got = drv.answer(w.post_upcall(1, uid, Escape.RM_ALLOC, params, _mem(MIB)))
+    assert got == Verdict.fail_status(OOM, L.NVOS21.offsets["status"])
+    assert drv.ops[-1] == ObjOp(1, client, parent, 0x102, ObjOpKind.FREE)
+    assert (client, 0x102) not in drv.objects
     assert w.used("a") == 0
+    drv.objects[client, 0x103] = (klass, parent, 64 * MIB)
+    drv.free_fails = True  # what cannot be undone is charged
+    params = _alloc_params(client, sub, 0x103, 0x40, 21, _mem(MIB))
+    uid, _ = w.upcall(1, params, _mem(MIB), nr=Escape.RM_ALLOC)
+    assert drv.answer(w.post_upcall(1, uid, Escape.RM_ALLOC, params, _mem(MIB))) == ALLOW
+    assert w.used("a") == 64 * MIB
 
 
 def test_a_handle_already_charged_is_not_charged_twice(w: World) -> None:

@@ -44,6 +44,7 @@ from vgpud.kernel.codec import (
     NlAck,
     PostEvent,
     Reply,
+    RevokedEvent,
     Upcall,
 )
 from vgpud.kernel.uapi import (
@@ -447,6 +448,9 @@ class GenlChannel:
             elif type(msg) is PostEvent or type(msg) is CloseEvent or type(msg) is AbandonedEvent:
                 if handler is not None:
                     handler.on_event(msg)
+            elif type(msg) is RevokedEvent:
+                log.warning("the module revoked context %d (%s): its calls fail from now on",
+                            msg.ctx_id, msg.reason.name.lower())
             elif type(msg) is NlAck:
                 self._on_ack(msg)
             elif type(msg) is Reply:

@@ -30,6 +30,7 @@ from vgpud.kernel.uapi import (
     Node,
     ObjOp,
     ObjResult,
+    RevokeReason,
     Sched,
     SchedResult,
     Stats,
@@ -48,6 +49,7 @@ __all__ = [
     "Opener",
     "PostEvent",
     "Reply",
+    "RevokedEvent",
     "Upcall",
     "VerdictEncoder",
     "decode_contexts",
@@ -153,6 +155,14 @@ class AbandonedEvent(NamedTuple):
     errno: int  # why: ETIMEDOUT, EINTR...
 
 
+class RevokedEvent(NamedTuple):
+    """VGPU_EVENT_REVOKED: the module revoked a context (every later call on it
+    fails); it stays until its CLOSE event, with what it holds."""
+
+    ctx_id: int
+    reason: RevokeReason
+
+
 class Reply(NamedTuple):
     """A kernel reply to one of our requests (e.g. GET_STATS)."""
 
@@ -189,10 +199,11 @@ class NlAck(NamedTuple):
         return _U64.unpack_from(verdict)[0]
 
 
-Event = PostEvent | CloseEvent | AbandonedEvent
-Message = Upcall | PostEvent | CloseEvent | AbandonedEvent | Reply | NlAck
+Event = PostEvent | CloseEvent | AbandonedEvent | RevokedEvent
+Message = Upcall | PostEvent | CloseEvent | AbandonedEvent | RevokedEvent | Reply | NlAck
 
 _KINDS = {int(k): k for k in UpcallKind}
+_REVOKE_REASONS = frozenset(int(r) for r in RevokeReason)
 _NODES = {int(n): n for n in Node}
 _ATTR_MAX = int(uapi.ATTR_MAX)
 _ANY_ATTR = frozenset(range(1, _ATTR_MAX + 1))
@@ -386,6 +397,11 @@ def _decode_event(buf: bytes, off: int, end: int) -> Event:
             raise DecodeError("ABANDONED event with extra attributes, an unknown upcall "
                               "kind or an errno out of range")
         return AbandonedEvent(ctx_id, upcall_id, upcall_kind, -ret)
+    if kind == EventKind.REVOKED:
+        if len(attrs) != 1 or upcall_id or ret or nr not in _REVOKE_REASONS:
+            raise DecodeError("REVOKED event with extra attributes or fields, or an unknown "
+                              "reason")
+        return RevokedEvent(ctx_id, RevokeReason(nr))
     raise DecodeError(f"unknown event kind {kind}")
 
 

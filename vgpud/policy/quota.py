@@ -654,14 +654,24 @@ class QuotaPolicy:
     def _charge_truth(self, pending: _Charge, handle: int, results: Sequence[ObjResult],
                       upcall: Upcall) -> Verdict | ObjQuery:
         klass, parent, size = results
-        exists = (all(not r.error and r.status == NvStatus.OK for r in results)
-                  and klass.value in pending.classes and parent.value == pending.parent)
+        known = all(not r.error and r.status == NvStatus.OK for r in results)
         key = Key(pending.client, handle)
-        if not exists or key in self.ledger:
+        if not known or key in self.ledger:
             # No such object (the call failed, whatever its status says), or not
             # the one reserved for (a handle already taken): nothing to charge.
             self._settle(pending, None, upcall)
             return ALLOW
+        if klass.value not in pending.classes or parent.value != pending.parent:
+            if klass.value not in DEVICE_MEMORY_CLASSES:
+                self._settle(pending, None, upcall)  # not memory: not this charge's
+                return ALLOW
+            # Video memory, uncharged, under the decided handle, but of another
+            # class or parent than decided on: the params changed under the
+            # driver (a sibling writing the shadow). Undone, as if over quota.
+            log.warning("upcall %d: %s is class %#x under %#x, decided %s under %#x: freed",
+                        upcall.id, key, klass.value, parent.value,
+                        sorted(hex(c) for c in pending.classes), pending.parent)
+            return self._undo(pending, key, parent.value, size.value, upcall)
         r = pending.reservation
         try:
             over = self.ledger.commit(r, key, size.value)
@@ -677,18 +687,23 @@ class QuotaPolicy:
         log.info("quota: %s got %d bytes on GPU %d (%d reserved), %d of %d used: freed",
                  r.tenant, size.value, r.gpu, r.size, over.used, over.limit)
         self.manager.quota_exceeded(over)
-        free = (ObjOp(pending.ctx, pending.client, pending.parent, handle, ObjOpKind.FREE),)
+        return self._undo(pending, key, pending.parent, size.value, upcall)
+
+    def _undo(self, pending: _Charge, key: Key, parent: int, size: int,
+              upcall: Upcall) -> ObjQuery:
+        """Free what the driver made and answer out-of-memory; what cannot be
+        freed is charged, over the limit if need be."""
+        free = (ObjOp(pending.ctx, key.client, parent, key.handle, ObjOpKind.FREE),)
 
         def freed(results: Sequence[ObjResult] | None) -> Verdict:
             ok = results is not None and not results[0].error and results[0].status == 0
             if ok:
                 self._settle(pending, None, upcall)
                 return Verdict.fail_status(NvStatus.NO_MEMORY, pending.status_off)
-            # It could not be undone: what it holds is charged, over the limit.
-            log.warning("upcall %d: %s over quota could not be freed: charged", upcall.id, key)
+            log.warning("upcall %d: %s could not be freed: charged", upcall.id, key)
             with suppress(LedgerError):
-                self.ledger.commit(r, key, size.value, force=True)
-                self.manager.usage_changed(r.tenant)
+                self.ledger.commit(pending.reservation, key, size, force=True)
+                self.manager.usage_changed(pending.reservation.tenant)
             return ALLOW
 
         return ObjQuery(free, freed)

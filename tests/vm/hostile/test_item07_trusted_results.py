@@ -34,6 +34,8 @@ from tests.support.vgpud_proc import Daemon
 pytestmark = pytest.mark.vm
 
 MIB = 2**20
+REFUSED = Path("/sys/module/vgpu/parameters/shadow_writes_refused")
+REVOKED = Path("/sys/module/vgpu/parameters/shadow_revoked")
 QUOTA = 64 * MIB
 SIZE = 16 * MIB
 
@@ -72,7 +74,77 @@ def test_rewritten_results_get_no_uncharged_memory(daemon: Daemon, nvsim: Path,
               f"{heap.samples[-1] // MIB} MiB at the end (quota {QUOTA // MIB} MiB)")
         words = out.split()
         stats = dict(zip(words[::2], map(int, words[1::2]), strict=True))
-        assert stats["attempts"] > 0 and stats["hits"] > 0  # results were rewritten
+        # The shadow was found, and results rewritten there or the writes refused.
+        assert stats["attempts"] > 0 and stats["found"] > 0
+        assert stats["hits"] + stats["faults"] > 0
         assert max(heap.samples) <= QUOTA
+    finally:
+        fds.close_all()
+
+
+@pytest.fixture(scope="module")
+def prereader() -> Iterator[Path]:
+    with attacker_binary("attack_preread") as exe:
+        yield exe
+
+
+def test_params_rewritten_in_the_shadow_get_no_uncharged_memory(daemon: Daemon, nvsim: Path,
+                                                                prereader: Path) -> None:
+    """The other side of the shadow: a sibling writes hClass there after the
+    check and before the driver reads it (tests/support/attack_preread.c):
+    NV50_MEMORY_VIRTUAL decided, NV01_MEMORY_LOCAL_USER read by the driver,
+    by a plain store, /proc/self/mem or process_vm_writev."""
+    fds = Fds(nv.NvNodes(nvsim))
+    refused = REFUSED.read_text()
+    try:
+        with HeapSampler(fds) as heap:
+            args = [str(prereader), str(SIZE), "10", "60", "2000"]
+            tenant = spawn_tenant(f"import sys; sys.argv[1:] = {json.dumps(args)}\n{TENANT}")
+            try:
+                out, err = tenant.communicate(timeout=900)
+            finally:
+                tenant.kill()
+            assert tenant.returncode == 0, err
+        print(f"race: {out.strip()}; nvsim held for the tenant at most "
+              f"{max(heap.samples) // MIB} MiB in {len(heap.samples)} samples, "
+              f"{heap.samples[-1] // MIB} MiB at the end (quota {QUOTA // MIB} MiB)")
+        words = out.split()
+        stats = dict(zip(words[::2], map(int, words[1::2]), strict=True))
+        refused_now = int(REFUSED.read_text()) - int(refused)
+        print(f"the module refused {refused_now} writes to a shadow")
+        assert stats["attempts"] > 0 and stats["found"] > 0  # the shadow was found
+        assert stats["faults"] > 0 and refused_now > 0  # and written, in vain
+        assert max(heap.samples) <= QUOTA
+    finally:
+        fds.close_all()
+
+
+def test_a_shadow_replaced_during_a_call_revokes_the_file(daemon: Daemon, nvsim: Path,
+                                                          prereader: Path) -> None:
+    """What the guard cannot stop: a sibling moves a copy of the shadow, with
+    NV01_MEMORY_LOCAL_USER in hClass, over it (mremap MREMAP_FIXED), over and
+    over. A replacement between calls is seen and the module maps a new
+    region; one during a call revokes the file (every later call EIO), so
+    the driver acts on a replaced shadow at most once per open file: nvsim
+    holds at most one allocation for the tenant."""
+    fds = Fds(nv.NvNodes(nvsim))
+    try:
+        with HeapSampler(fds) as heap:
+            args = [str(prereader), str(SIZE), "10", "60", "2000", "unmap"]
+            tenant = spawn_tenant(f"import sys; sys.argv[1:] = {json.dumps(args)}\n{TENANT}")
+            try:
+                out, err = tenant.communicate(timeout=900)
+            finally:
+                tenant.kill()
+            assert tenant.returncode == 0, err
+        print(f"race: {out.strip()}; nvsim held for the tenant at most "
+              f"{max(heap.samples) // MIB} MiB in {len(heap.samples)} samples; revoked "
+              f"contexts so far {REVOKED.read_text().strip()}")
+        words = out.split()
+        stats = dict(zip(words[::2], map(int, words[1::2]), strict=True))
+        assert stats["found"] > 0 and stats["replaced"] > 0
+        assert max(heap.samples) <= SIZE
+        if max(heap.samples) > 0:  # the race was won once: the file is revoked
+            assert stats["eio"] > 0
     finally:
         fds.close_all()
