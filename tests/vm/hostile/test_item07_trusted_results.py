@@ -51,35 +51,31 @@ print(out.strip())
 """
 
 
-@pytest.fixture(scope="module")
-def racer() -> Iterator[Path]:
-    with attacker_binary("attack_shadow") as exe:
-        yield exe
-
-
-def test_rewritten_results_get_no_uncharged_memory(daemon: Daemon, nvsim: Path,
-                                                   racer: Path) -> None:
+def race(nvsim: Path, *args: str) -> tuple[dict[str, int], list[int]]:
+    """Runs the attacker `args` as the tenant while nvsim's holding for it is
+    sampled: the attacker's figures ("name N ...") and the samples."""
     fds = Fds(nv.NvNodes(nvsim))
     try:
         with HeapSampler(fds) as heap:
-            args = [str(racer), str(SIZE), "10", "60", "100000"]
             tenant = spawn_tenant(f"import sys; sys.argv[1:] = {json.dumps(args)}\n{TENANT}")
             try:
                 out, err = tenant.communicate(timeout=900)
             finally:
                 tenant.kill()
             assert tenant.returncode == 0, err
-        print(f"race: {out.strip()}; nvsim held for the tenant at most "
-              f"{max(heap.samples) // MIB} MiB in {len(heap.samples)} samples, "
-              f"{heap.samples[-1] // MIB} MiB at the end (quota {QUOTA // MIB} MiB)")
-        words = out.split()
-        stats = dict(zip(words[::2], map(int, words[1::2]), strict=True))
-        # The shadow was found, and results rewritten there or the writes refused.
-        assert stats["attempts"] > 0 and stats["found"] > 0
-        assert stats["hits"] + stats["faults"] > 0
-        assert max(heap.samples) <= QUOTA
     finally:
         fds.close_all()
+    print(f"race: {out.strip()}; nvsim held for the tenant at most "
+          f"{max(heap.samples) // MIB} MiB in {len(heap.samples)} samples, "
+          f"{heap.samples[-1] // MIB} MiB at the end (quota {QUOTA // MIB} MiB)")
+    words = out.split()
+    return dict(zip(words[::2], map(int, words[1::2]), strict=True)), heap.samples
+
+
+@pytest.fixture(scope="module")
+def racer() -> Iterator[Path]:
+    with attacker_binary("attack_shadow") as exe:
+        yield exe
 
 
 @pytest.fixture(scope="module")
@@ -88,35 +84,28 @@ def prereader() -> Iterator[Path]:
         yield exe
 
 
+def test_rewritten_results_get_no_uncharged_memory(daemon: Daemon, nvsim: Path,
+                                                   racer: Path) -> None:
+    stats, held = race(nvsim, str(racer), str(SIZE), "10", "60", "100000")
+    # The shadow was found, and results rewritten there or the writes refused.
+    assert stats["attempts"] > 0 and stats["found"] > 0
+    assert stats["hits"] + stats["faults"] > 0
+    assert max(held) <= QUOTA
+
+
 def test_params_rewritten_in_the_shadow_get_no_uncharged_memory(daemon: Daemon, nvsim: Path,
                                                                 prereader: Path) -> None:
     """The other side of the shadow: a sibling writes hClass there after the
     check and before the driver reads it (tests/support/attack_preread.c):
     NV50_MEMORY_VIRTUAL decided, NV01_MEMORY_LOCAL_USER read by the driver,
     by a plain store, /proc/self/mem or process_vm_writev."""
-    fds = Fds(nv.NvNodes(nvsim))
-    refused = REFUSED.read_text()
-    try:
-        with HeapSampler(fds) as heap:
-            args = [str(prereader), str(SIZE), "10", "60", "2000"]
-            tenant = spawn_tenant(f"import sys; sys.argv[1:] = {json.dumps(args)}\n{TENANT}")
-            try:
-                out, err = tenant.communicate(timeout=900)
-            finally:
-                tenant.kill()
-            assert tenant.returncode == 0, err
-        print(f"race: {out.strip()}; nvsim held for the tenant at most "
-              f"{max(heap.samples) // MIB} MiB in {len(heap.samples)} samples, "
-              f"{heap.samples[-1] // MIB} MiB at the end (quota {QUOTA // MIB} MiB)")
-        words = out.split()
-        stats = dict(zip(words[::2], map(int, words[1::2]), strict=True))
-        refused_now = int(REFUSED.read_text()) - int(refused)
-        print(f"the module refused {refused_now} writes to a shadow")
-        assert stats["attempts"] > 0 and stats["found"] > 0  # the shadow was found
-        assert stats["faults"] > 0 and refused_now > 0  # and written, in vain
-        assert max(heap.samples) <= QUOTA
-    finally:
-        fds.close_all()
+    refused = int(REFUSED.read_text())
+    stats, held = race(nvsim, str(prereader), str(SIZE), "10", "60", "2000")
+    refused = int(REFUSED.read_text()) - refused
+    print(f"the module refused {refused} writes to a shadow")
+    assert stats["attempts"] > 0 and stats["found"] > 0  # the shadow was found
+    assert stats["faults"] > 0 and refused > 0  # and written, in vain
+    assert max(held) <= QUOTA
 
 
 def test_a_shadow_replaced_during_a_call_revokes_the_file(daemon: Daemon, nvsim: Path,
@@ -127,24 +116,9 @@ def test_a_shadow_replaced_during_a_call_revokes_the_file(daemon: Daemon, nvsim:
     region; one during a call revokes the file (every later call EIO), so
     the driver acts on a replaced shadow at most once per open file: nvsim
     holds at most one allocation for the tenant."""
-    fds = Fds(nv.NvNodes(nvsim))
-    try:
-        with HeapSampler(fds) as heap:
-            args = [str(prereader), str(SIZE), "10", "60", "2000", "unmap"]
-            tenant = spawn_tenant(f"import sys; sys.argv[1:] = {json.dumps(args)}\n{TENANT}")
-            try:
-                out, err = tenant.communicate(timeout=900)
-            finally:
-                tenant.kill()
-            assert tenant.returncode == 0, err
-        print(f"race: {out.strip()}; nvsim held for the tenant at most "
-              f"{max(heap.samples) // MIB} MiB in {len(heap.samples)} samples; revoked "
-              f"contexts so far {REVOKED.read_text().strip()}")
-        words = out.split()
-        stats = dict(zip(words[::2], map(int, words[1::2]), strict=True))
-        assert stats["found"] > 0 and stats["replaced"] > 0
-        assert max(heap.samples) <= SIZE
-        if max(heap.samples) > 0:  # the race was won once: the file is revoked
-            assert stats["eio"] > 0
-    finally:
-        fds.close_all()
+    stats, held = race(nvsim, str(prereader), str(SIZE), "10", "60", "2000", "unmap")
+    print(f"revoked contexts so far: {REVOKED.read_text().strip()}")
+    assert stats["found"] > 0 and stats["replaced"] > 0
+    assert max(held) <= SIZE
+    if max(held) > 0:  # the race was won once: the file is revoked
+        assert stats["eio"] > 0
