@@ -315,6 +315,8 @@ static int vgpu_nl_list_contexts(struct sk_buff *skb, struct genl_info *info)
 	BUILD_BUG_ON(nla_total_size(VGPU_LIST_MAX * sizeof(*openers)) > U16_MAX);
 	BUILD_BUG_ON(nla_total_size(VGPU_SCHED_MAX *
 				    sizeof(struct vgpu_sched_result)) > U16_MAX);
+	BUILD_BUG_ON(nla_total_size(VGPU_OBJ_MAX *
+				    sizeof(struct vgpu_obj_result)) > U16_MAX);
 	err = vgpu_may_read(info);
 	if (err)
 		return err;
@@ -359,57 +361,70 @@ out_ctxs:
 	return err;
 }
 
-static int vgpu_nl_schedule(struct sk_buff *skb, struct genl_info *info)
+/*
+ * A batch command of the daemon's (SCHEDULE, OBJECT): 1 to @max structs of
+ * @in_size in attribute @in_attr, answered by as many structs of @res_size
+ * in @res_attr, which @run fills.
+ */
+struct vgpu_batch {
+	u8 cmd;
+	u16 in_attr;
+	u16 res_attr;
+	size_t in_size;
+	size_t res_size;
+	u32 max;
+	const char *not_daemon;	/* static extack messages */
+	const char *bad_len;
+	int (*run)(const void *in, u32 n, void *res, const char **why);
+};
+
+static int vgpu_nl_batch(const struct vgpu_batch *b, struct genl_info *info)
 {
-	const struct nlattr *attr = info->attrs[VGPU_A_SCHED];
-	struct vgpu_sched_result *res;
+	const struct nlattr *attr = info->attrs[b->in_attr];
 	const char *why = NULL;
-	struct vgpu_sched *in;
 	struct sk_buff *msg;
+	void *in, *res;
 	void *hdr;
 	int err;
 	u32 n;
 
 	if (!vgpu_sender_is_daemon(info)) {
-		NL_SET_ERR_MSG(info->extack,
-			       "vgpu: SCHEDULE is for the registered daemon only");
+		vgpu_extack(info->extack, NULL, b->not_daemon);
 		return -EPERM;
 	}
-	if (GENL_REQ_ATTR_CHECK(info, VGPU_A_SCHED))
+	if (GENL_REQ_ATTR_CHECK(info, b->in_attr))
 		return -EINVAL;
-	n = nla_len(attr) / sizeof(*in);
-	if (nla_len(attr) % sizeof(*in) || !n || n > VGPU_SCHED_MAX) {
-		NL_SET_ERR_MSG_ATTR(info->extack, attr,
-				    "vgpu: SCHED must hold 1 to VGPU_SCHED_MAX struct vgpu_sched");
+	n = nla_len(attr) / b->in_size;
+	if (nla_len(attr) % b->in_size || !n || n > b->max) {
+		vgpu_extack(info->extack, attr, b->bad_len);
 		return -EINVAL;
 	}
-	/* A copy: the attribute is only 4-byte aligned, the struct has u64s. */
+	/* A copy: the attribute is only 4-byte aligned, the structs have u64s. */
 	in = kmemdup(nla_data(attr), nla_len(attr), GFP_KERNEL);
 	if (!in)
 		return -ENOMEM;
-	res = kcalloc(n, sizeof(*res), GFP_KERNEL);
+	res = kcalloc(n, b->res_size, GFP_KERNEL);
 	if (!res) {
 		err = -ENOMEM;
 		goto out_in;
 	}
-	msg = genlmsg_new(nla_total_size(n * sizeof(*res)), GFP_KERNEL);
+	msg = genlmsg_new(nla_total_size(n * b->res_size), GFP_KERNEL);
 	if (!msg) {
 		err = -ENOMEM;
 		goto out_res;
 	}
-	hdr = genlmsg_put_reply(msg, info, &vgpu_genl_family, 0,
-				VGPU_CMD_SCHEDULE);
+	hdr = genlmsg_put_reply(msg, info, &vgpu_genl_family, 0, b->cmd);
 	if (!hdr) {
 		err = -EMSGSIZE;
 		goto out_msg;
 	}
-	err = vgpu_schedule(in, n, res, &why);
+	err = b->run(in, n, res, &why);
 	if (err) {
 		if (why)
 			vgpu_extack(info->extack, attr, why);
 		goto out_msg;
 	}
-	if (nla_put(msg, VGPU_A_SCHED_RESULT, n * sizeof(*res), res)) {
+	if (nla_put(msg, b->res_attr, n * b->res_size, res)) {
 		err = -EMSGSIZE;
 		goto out_msg;
 	}
@@ -427,75 +442,49 @@ out_in:
 	return err;
 }
 
+static int vgpu_run_schedule(const void *in, u32 n, void *res, const char **why)
+{
+	return vgpu_schedule(in, n, res, why);
+}
+
+static int vgpu_nl_schedule(struct sk_buff *skb, struct genl_info *info)
+{
+	static const struct vgpu_batch b = {
+		.cmd = VGPU_CMD_SCHEDULE,
+		.in_attr = VGPU_A_SCHED,
+		.res_attr = VGPU_A_SCHED_RESULT,
+		.in_size = sizeof(struct vgpu_sched),
+		.res_size = sizeof(struct vgpu_sched_result),
+		.max = VGPU_SCHED_MAX,
+		.not_daemon = "vgpu: SCHEDULE is for the registered daemon only",
+		.bad_len = "vgpu: SCHED must hold 1 to VGPU_SCHED_MAX struct vgpu_sched",
+		.run = vgpu_run_schedule,
+	};
+
+	return vgpu_nl_batch(&b, info);
+}
+
+static int vgpu_run_object(const void *in, u32 n, void *res, const char **why)
+{
+	return vgpu_object(in, n, res, why);
+}
+
 /* OBJECT: the driver's truth about objects (object.c). */
 static int vgpu_nl_object(struct sk_buff *skb, struct genl_info *info)
 {
-	const struct nlattr *attr = info->attrs[VGPU_A_OBJ];
-	struct vgpu_obj_result *res;
-	const char *why = NULL;
-	struct vgpu_obj_op *in;
-	struct sk_buff *msg;
-	void *hdr;
-	int err;
-	u32 n;
+	static const struct vgpu_batch b = {
+		.cmd = VGPU_CMD_OBJECT,
+		.in_attr = VGPU_A_OBJ,
+		.res_attr = VGPU_A_OBJ_RESULT,
+		.in_size = sizeof(struct vgpu_obj_op),
+		.res_size = sizeof(struct vgpu_obj_result),
+		.max = VGPU_OBJ_MAX,
+		.not_daemon = "vgpu: OBJECT is for the registered daemon only",
+		.bad_len = "vgpu: OBJ must hold 1 to VGPU_OBJ_MAX struct vgpu_obj_op",
+		.run = vgpu_run_object,
+	};
 
-	BUILD_BUG_ON(nla_total_size(VGPU_OBJ_MAX *
-				    sizeof(struct vgpu_obj_result)) > U16_MAX);
-	if (!vgpu_sender_is_daemon(info)) {
-		NL_SET_ERR_MSG(info->extack,
-			       "vgpu: OBJECT is for the registered daemon only");
-		return -EPERM;
-	}
-	if (GENL_REQ_ATTR_CHECK(info, VGPU_A_OBJ))
-		return -EINVAL;
-	n = nla_len(attr) / sizeof(*in);
-	if (nla_len(attr) % sizeof(*in) || !n || n > VGPU_OBJ_MAX) {
-		NL_SET_ERR_MSG_ATTR(info->extack, attr,
-				    "vgpu: OBJ must hold 1 to VGPU_OBJ_MAX struct vgpu_obj_op");
-		return -EINVAL;
-	}
-	/* A copy: the attribute is only 4-byte aligned, the struct has u64s. */
-	in = kmemdup(nla_data(attr), nla_len(attr), GFP_KERNEL);
-	if (!in)
-		return -ENOMEM;
-	res = kcalloc(n, sizeof(*res), GFP_KERNEL);
-	if (!res) {
-		err = -ENOMEM;
-		goto out_in;
-	}
-	msg = genlmsg_new(nla_total_size(n * sizeof(*res)), GFP_KERNEL);
-	if (!msg) {
-		err = -ENOMEM;
-		goto out_res;
-	}
-	hdr = genlmsg_put_reply(msg, info, &vgpu_genl_family, 0,
-				VGPU_CMD_OBJECT);
-	if (!hdr) {
-		err = -EMSGSIZE;
-		goto out_msg;
-	}
-	err = vgpu_object(in, n, res, &why);
-	if (err) {
-		if (why)
-			vgpu_extack(info->extack, attr, why);
-		goto out_msg;
-	}
-	if (nla_put(msg, VGPU_A_OBJ_RESULT, n * sizeof(*res), res)) {
-		err = -EMSGSIZE;
-		goto out_msg;
-	}
-	genlmsg_end(msg, hdr);
-	kfree(res);
-	kfree(in);
-	return genlmsg_reply(msg, info);
-
-out_msg:
-	nlmsg_free(msg);
-out_res:
-	kfree(res);
-out_in:
-	kfree(in);
-	return err;
+	return vgpu_nl_batch(&b, info);
 }
 
 static const struct genl_small_ops vgpu_nl_ops[] = {

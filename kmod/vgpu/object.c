@@ -174,11 +174,7 @@ int vgpu_object(const struct vgpu_obj_op *in, u32 n,
 	err = vgpu_obj_check(in, n, why);
 	if (err)
 		return err;
-	if (!current->mm) {
-		*why = "vgpu: OBJECT needs a sender with user memory";
-		return -EOPNOTSUPP;
-	}
-	ubuf = vgpu_rm_page_map();
+	ubuf = vgpu_rm_page_map(why);
 	if (IS_ERR_VALUE(ubuf))
 		return (int)ubuf;
 	for (i = 0; i < n; i++) {

@@ -143,11 +143,16 @@ int vgpu_rm_call(struct file *backing, unsigned int cmd, unsigned long ubuf,
 	return 0;
 }
 
-/* A private page of the sender's mm for vgpu_rm_call(), or an errno. */
-unsigned long vgpu_rm_page_map(void)
+/*
+ * A private page of the sender's mm for vgpu_rm_call(), or an errno (and
+ * a static message in @why).
+ */
+unsigned long vgpu_rm_page_map(const char **why)
 {
-	if (!current->mm)
+	if (!current->mm) {
+		*why = "vgpu: the command needs a sender with user memory";
 		return -EOPNOTSUPP;
+	}
 	return vm_mmap(NULL, 0, PAGE_SIZE, PROT_READ | PROT_WRITE,
 		       MAP_PRIVATE | MAP_ANONYMOUS, 0);
 }
@@ -408,11 +413,7 @@ int vgpu_schedule(const struct vgpu_sched *in, u32 n,
 	err = vgpu_sched_check(in, n, why);
 	if (err)
 		return err;
-	if (!current->mm) {
-		*why = "vgpu: SCHEDULE needs a sender with user memory";
-		return -EOPNOTSUPP;
-	}
-	ubuf = vgpu_rm_page_map();
+	ubuf = vgpu_rm_page_map(why);
 	if (IS_ERR_VALUE(ubuf))
 		return (int)ubuf;
 

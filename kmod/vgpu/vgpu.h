@@ -180,7 +180,7 @@ u32 vgpu_ctx_list(u64 start, struct vgpu_context *out,
 			     NV_ESC_RM_FREE, sizeof(struct nvos00))
 int vgpu_rm_call(struct file *backing, unsigned int cmd, unsigned long ubuf,
 		 void *blk, size_t len);
-unsigned long vgpu_rm_page_map(void);
+unsigned long vgpu_rm_page_map(const char **why);
 void vgpu_rm_page_unmap(unsigned long ubuf);
 struct file *vgpu_rm_backing(u64 ctx_id, int *err);
 int vgpu_schedule(const struct vgpu_sched *in, u32 n,

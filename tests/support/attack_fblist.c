@@ -46,16 +46,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#define NV_IOCTL_MAGIC		'F'
-#define NV_ESC_RM_CONTROL	0x2A
+#include "attack.h"
+
 #define FB_GET_INFO		0x20801301U
 #define N_ENTRIES		5
-
-struct nvos54 {
-	uint32_t h_client, h_object, cmd, flags;
-	uint64_t params;
-	uint32_t params_size, status;
-};
 
 struct fb_params {
 	uint32_t list_size, pad;
@@ -75,14 +69,6 @@ static char *page;
 static long page_size;
 static unsigned long foreign;
 static int stuck;
-
-static double now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static int own_thread(pid_t tid)
 {

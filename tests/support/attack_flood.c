@@ -29,21 +29,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#define NV_IOCTL_MAGIC		'F'
-#define NV_ESC_RM_FREE		0x29
-#define NV_ESC_RM_CONTROL	0x2A
+#include "attack.h"
+
 #define FB_GET_INFO_V2		0x20801303u
 #define BIG			16384
-
-struct nvos00 {
-	uint32_t h_root, h_parent, h_object, status;
-};
-
-struct nvos54 {
-	uint32_t h_client, h_object, cmd, flags;
-	uint64_t params;
-	uint32_t params_size, status;
-};
 
 struct totals {
 	atomic_ulong calls, ok, hostdown, timedout, intr, other, opens;
@@ -52,14 +41,6 @@ struct totals {
 static struct totals *tot;
 static const char *node;
 static double deadline;
-
-static double now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static void count(int ret)
 {

