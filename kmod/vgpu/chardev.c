@@ -228,6 +228,7 @@ static void *vgpu_copy_list(const struct vgpu_rule_nested *n,
  * @reply: @m.params_len + @m.data_len + @m.data2_len bytes for a REPLY's
  *	blocks, or NULL; after an ALLOW, scratch until a POST upcall
  * @m: the upcall
+ * @small: @params, when they fit (most do: NVOS21 is 32 bytes, NVOS32 184)
  *
  * After an allowed call, @params, @data and @list hold the call's results,
  * which a POST event or upcall carries: read back from the shadow the
@@ -244,6 +245,7 @@ struct vgpu_slow {
 	u64 lptr;
 	void *reply;
 	struct vgpu_upcall_msg m;
+	u8 small[256] __aligned(8);
 };
 
 /* Writes what a REPLY filled over the caller's params and buffer. */
@@ -450,7 +452,8 @@ static int vgpu_slow_prepare(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 	u32 eff = 0;
 
 	if (copy_size) {
-		s->params = kvmalloc(copy_size, GFP_KERNEL);
+		s->params = copy_size <= sizeof(s->small) ? s->small :
+			    kvmalloc(copy_size, GFP_KERNEL);
 		if (!s->params)
 			return -ENOMEM;
 		if (copy_from_user(s->params, c->params, copy_size))
@@ -581,7 +584,8 @@ out:
 	kvfree(s.reply);
 	kvfree(s.list);
 	kvfree(s.data);
-	kvfree(s.params);
+	if (s.params != s.small)
+		kvfree(s.params);
 	return ret;
 }
 

@@ -34,7 +34,9 @@
  * it is there (struct vgpu_region.writer), so only the driver's own
  * results make a page writable, and RM writes its results after it read
  * its params. Every other writer gets SIGBUS (or EFAULT in the kernel).
- * After the call the writable PTEs are zapped. VM_IO keeps get_user_pages
+ * After the call the pages written are write-protected again (folio_mkclean,
+ * as fb_defio does): their PTEs stay, read-only, so the next call's reads
+ * do not fault. VM_IO keeps get_user_pages
  * off the region, so /proc/<pid>/mem, process_vm_writev, io_uring and
  * O_DIRECT can neither write nor pin it; VM_DONTCOPY keeps it from
  * children; splitting and moving it are refused.
@@ -58,6 +60,8 @@
 #include <linux/mm.h>
 #include <linux/mman.h>
 #include <linux/moduleparam.h>
+#include <linux/pagemap.h>
+#include <linux/rmap.h>
 #include <linux/sched.h>
 #include <linux/sched/mm.h>
 #include <linux/slab.h>
@@ -101,8 +105,8 @@ MODULE_PARM_DESC(shadow_revoked, "contexts revoked: their shadow was unmapped du
  *	Written by that task alone (enter, leave); read by page_mkwrite in
  *	any faulting task, where only the writer itself can compare equal:
  *	no lock, READ_ONCE/WRITE_ONCE
- * @granted: a write fault was granted since the last zap; the writer's
- *	own, like @writer
+ * @granted: pages (a bit per page offset) a write fault was granted on
+ *	since they were last write-protected; the writer's own, like @writer
  * @closes: VMAs of the region closed (unmapped, or a refused move undone);
  *	a region once closed is never used again
  *
@@ -112,7 +116,7 @@ struct vgpu_region {
 	void *kbuf;
 	size_t len;
 	struct task_struct *writer;
-	bool granted;
+	unsigned long granted;
 	atomic_t closes;
 };
 
@@ -138,7 +142,7 @@ static vm_fault_t vgpu_region_mkwrite(struct vm_fault *vmf)
 		atomic64_inc(&vgpu_shadow_refused);
 		return VM_FAULT_SIGBUS;
 	}
-	r->granted = true;
+	r->granted |= BIT(vmf->pgoff);	/* < len pages: the fault checked */
 	return 0;
 }
 
@@ -327,10 +331,14 @@ static int vgpu_shadow_alloc(struct vgpu_shadow *sh, struct vgpu_ctx *ctx,
 {
 	int err;
 
+	/* struct vgpu_region.granted has a bit for each page. */
+	BUILD_BUG_ON(VGPU_SHADOW_MAX / PAGE_SIZE > BITS_PER_LONG);
 	memset(sh, 0, sizeof(*sh));
+	if (len > VGPU_SHADOW_MAX)
+		return -EINVAL;
 	if (!current->mm)
 		return -EFAULT;
-	if (len <= VGPU_SHADOW_MAX && vgpu_shadow_take(sh, ctx))
+	if (vgpu_shadow_take(sh, ctx))
 		return 0;
 	err = vgpu_region_map(len, &sh->file, &sh->base);
 	if (err)
@@ -462,7 +470,7 @@ void vgpu_shadow_enter(struct vgpu_shadow *sh)
  * @sh: as given to vgpu_shadow_enter()
  *
  * Writes are refused again, and every page the driver made writable is
- * unmapped from the caller's mm (the next touch faults it back read-only).
+ * write-protected in the caller's mm (a TLB flush of its pages).
  *
  * Return: false when the region was unmapped during the call (or before
  * it, since it was checked): the driver may then have read whatever the
@@ -471,15 +479,20 @@ void vgpu_shadow_enter(struct vgpu_shadow *sh)
 bool vgpu_shadow_leave(struct vgpu_shadow *sh)
 {
 	struct vgpu_region *r;
+	unsigned int i;
 
 	if (!sh || !sh->file)
 		return true;
 	r = vgpu_region_of(sh->file);
 	WRITE_ONCE(r->writer, NULL);
-	if (r->granted) {
-		r->granted = false;
-		unmap_mapping_range(sh->file->f_mapping, 0, 0, 1);
+	for_each_set_bit(i, &r->granted, BITS_PER_LONG) {
+		struct page *page = vmalloc_to_page(r->kbuf + i * PAGE_SIZE);
+
+		lock_page(page);
+		folio_mkclean(page_folio(page));
+		unlock_page(page);
 	}
+	r->granted = 0;
 	if (vgpu_region_intact(sh->file))
 		return true;
 	atomic64_inc(&vgpu_shadow_revoked);
