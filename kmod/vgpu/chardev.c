@@ -496,6 +496,20 @@ static int vgpu_slow_prepare(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 }
 
 /*
+ * An ALLOW that carried params (v5): the driver reads those instead of the
+ * checked ones, but for the rule's pointer field, which stays the one the
+ * module copied the buffer from (the shadow names its own copy there).
+ */
+static void vgpu_params_rewrite(struct vgpu_slow *s)
+{
+	struct vgpu_upcall_msg *m = &s->m;
+
+	memcpy(s->params, m->reply_params, m->params_len);
+	if (s->data)
+		put_unaligned(s->dptr, (u64 *)(s->params + s->ptr_off));
+}
+
+/*
  * An ALLOW: calls the driver (on the shadow under a shadow rule), then
  * turns a new channel group off and reports the results, as the verdict
  * and the rule ask.
@@ -510,6 +524,8 @@ static long vgpu_slow_allow(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 	struct nvos21 checked;
 	long ret, dret;
 
+	if (m->replied & VGPU_REPLIED_PARAMS)
+		vgpu_params_rewrite(s);
 	/* The checked head, before the results are read back over it. */
 	if (group)
 		memcpy(&checked, s->params, sizeof(checked));

@@ -622,9 +622,13 @@ static int vgpu_verdict_check(const struct vgpu_verdict *v,
 		*why = "REPLY carries no PARAMS, DATA or DATA2";
 		return -EINVAL;
 	}
+	if (v->action != VGPU_VERDICT_REPLY && (b->data || b->data2)) {
+		*why = "only a REPLY verdict carries DATA or DATA2";
+		return -EINVAL;
+	}
 	if (v->action != VGPU_VERDICT_REPLY &&
-	    (b->params || b->data || b->data2)) {
-		*why = "only a REPLY verdict carries PARAMS, DATA or DATA2";
+	    v->action != VGPU_VERDICT_ALLOW && b->params) {
+		*why = "only a REPLY or ALLOW verdict carries PARAMS";
 		return -EINVAL;
 	}
 	return 0;
@@ -646,6 +650,13 @@ static int vgpu_verdict_fits(const struct vgpu_req *req,
 		    (req->kind != VGPU_UPCALL_IOCTL ||
 		     !vgpu_sched_alloc_layout(req->nr, req->params_len))) {
 			*why = "VGPU_VERDICT_F_SCHED_OFF needs an RM_ALLOC upcall";
+			return -EINVAL;
+		}
+		/* v5: the params the driver reads instead of the checked ones. */
+		if (b->params && (req->kind != VGPU_UPCALL_IOCTL ||
+				  !req->params_len || !req->reply_params ||
+				  b->params_len != req->params_len)) {
+			*why = "ALLOW PARAMS answer an IOCTL upcall, as long as its PARAMS";
 			return -EINVAL;
 		}
 		return 0;

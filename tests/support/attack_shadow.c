@@ -3,10 +3,12 @@
  * A hostile tenant rewriting the results the driver leaves in the module's
  * shadow of its params (tests/vm/hostile, issue 10 item 7).
  *
- *   attack_shadow FD CLIENT PARENT SIZE MIN_S MAX_S ATTEMPTS
+ *   attack_shadow FD CLIENT PARENT SIZE MIN_S MAX_S ATTEMPTS [generated]
  *
  * One thread allocates SIZE bytes of video memory under fresh handles of its
- * own, alternately with RM_ALLOC (NVOS21, NV01_MEMORY_LOCAL_USER) and with
+ * own (with "generated": under handles the driver generates, hObjectNew 0 and
+ * no MEMORY_HANDLE_PROVIDED, so that the new handle exists only in the
+ * results), alternately with RM_ALLOC (NVOS21, NV01_MEMORY_LOCAL_USER) and with
  * VID_HEAP_CONTROL ALLOC_SIZE (NVOS32), and keeps what it gets (a call whose
  * results came back rewritten may have made its object too); when refused
  * it frees the oldest object it holds. Another thread finds the shadow (a
@@ -112,7 +114,7 @@ int main(int argc, char **argv)
 	struct nvos00 fr;
 	uint64_t size;
 	pthread_t t;
-	int fd, rc;
+	int fd, rc, gen;
 
 	if (argc < 8)
 		return 2;
@@ -123,6 +125,7 @@ int main(int argc, char **argv)
 	min_s = atof(argv[5]);
 	max_s = atof(argv[6]);
 	want = strtoul(argv[7], NULL, 0);
+	gen = argc > 8 && !strcmp(argv[8], "generated");
 
 	client = strtoul(argv[2], NULL, 0);
 	catch_faults();
@@ -134,7 +137,7 @@ int main(int argc, char **argv)
 
 		if (el >= max_s || (el >= min_s && attempts >= want))
 			break;
-		h = 0xA0000000u + attempts;
+		h = gen ? 0 : 0xA0000000u + attempts;
 		if (attempts & 1) {
 			memset(&v, 0, sizeof(v));
 			v.h_root = client;
@@ -142,7 +145,7 @@ int main(int argc, char **argv)
 			v.function = 2;	/* ALLOC_SIZE */
 			v.status = 0xffffffffu;
 			v.h_memory = h;
-			v.flags = HANDLE_PROVIDED;
+			v.flags = gen ? 0 : HANDLE_PROVIDED;
 			v.size = size;
 			atomic_store(&kind, 32);
 			rc = ioctl(fd, _IOWR(NV_IOCTL_MAGIC, NV_ESC_RM_VID_HEAP, struct nvos32), &v);
@@ -169,9 +172,13 @@ int main(int argc, char **argv)
 		/*
 		 * Whatever the status says, an object whose results came back
 		 * rewritten (the new handle is PARENT's) may exist: that is the
-		 * attack. Keep its handle; it is freed in its turn.
+		 * attack. Keep its handle; it is freed in its turn. A handle
+		 * the driver generated is lost with the rewrite: that object
+		 * stays.
 		 */
-		if ((!rc || got == taken) && n_held - first < MAX_HELD)
+		if (gen && !rc)
+			h = got;
+		if ((!rc || (got == taken && !gen)) && n_held - first < MAX_HELD)
 			held[n_held++ % MAX_HELD] = h;
 		if (!rc) {
 			ok++;

@@ -155,6 +155,11 @@ CTRL = L.NVOS54.struct.pack(1, 2, 0x20801303, 0, 0x1000, 8, 0)
     (UpcallKind.POST, Verdict(VerdictAction.ALLOW, flags=1), False),
     (UpcallKind.IOCTL, Verdict(VerdictAction.DENY, 1, flags=1), False),
     (UpcallKind.IOCTL, Verdict(VerdictAction.ALLOW, data=b"\0" * 8), False),
+    # v5: an ALLOW names the params the driver reads, at the upcall's length.
+    (UpcallKind.IOCTL, Verdict(VerdictAction.ALLOW, flags=1, params=b"\0" * 32), True),
+    (UpcallKind.IOCTL, Verdict(VerdictAction.ALLOW, params=b"\0" * 31), False),
+    (UpcallKind.POST, Verdict(VerdictAction.ALLOW, params=b"\0" * 32), False),
+    (UpcallKind.IOCTL, Verdict(VerdictAction.DENY, 1, params=b"\0" * 32), False),
     (UpcallKind.MMAP, Verdict.reply(b"\0" * 32), False),
     (UpcallKind.MMAP, Verdict.deny(errno.ENOMEM), True),
 ])

@@ -13,7 +13,17 @@ import pytest
 
 from tests.support.quota_world import World, setup_gpu
 from vgpud.core.tenants import ObjectLimits, Tenant
-from vgpud.kernel.uapi import ALLOW, OFF_NONE, Node, Verdict, VerdictAction
+from vgpud.kernel.uapi import (
+    ALLOW,
+    ALLOW_POST,
+    OFF_NONE,
+    Node,
+    ObjOpKind,
+    ObjQuery,
+    ObjResult,
+    Verdict,
+    VerdictAction,
+)
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import (
     LIMITED_CLASS_KIND,
@@ -233,3 +243,53 @@ def test_limits_from_the_config() -> None:
     (t,) = config.tenants
     assert t.limits == ObjectLimits(channel_groups=8)
     assert Tenant(name="b").limits == ObjectLimits()
+
+
+@pytest.fixture
+def tw(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> World:
+    """As lw, with the driver-truth check (a POST upcall per counted object)."""
+    import tests.support.quota_world as qw
+
+    monkeypatch.setattr(qw, "CONFIG", qw.CONFIG.replace(
+        'memory = "1GiB"\n', 'memory = "1GiB"\nlimits = {{ channel_groups = 2 }}\n', 1))
+    return World(tmp_path, truth=True)
+
+
+def _class_of(objects: dict[int, int]):
+    """An ObjQuery answerer: CLASS of the handles in ``objects``, else no such object."""
+    def answer(query: ObjQuery) -> Verdict:
+        (op,) = query.ops
+        assert op.op is ObjOpKind.CLASS
+        klass = objects.get(op.h_object)
+        result = ObjResult(0, 0, klass) if klass is not None else ObjResult(0, 0x33, 0)
+        verdict = query.resume([result])
+        assert isinstance(verdict, Verdict)
+        return verdict
+    return answer
+
+
+def test_a_counted_object_is_counted_on_the_drivers_truth(tw: World) -> None:
+    """The results in the tenant's memory do not decide: a group whose status
+    a sibling rewrote to a failure (or whose handle it rewrote) is counted when
+    the driver holds it under the handle decided on; one the driver does not
+    hold is not counted, whatever the results say."""
+    w = tw
+    client, device, _ = setup_gpu(w, 1)
+    driver: dict[int, int] = {}
+    answer = _class_of(driver)
+    for h_new, made in ((0x702, False), (0x700, True), (0, True)):
+        params = L.NVOS21.struct.pack(client, device, h_new, TSG, 0, 0, 0)
+        uid, verdict = w.upcall(1, params, nr=Escape.RM_ALLOC)
+        assert verdict.flags == ALLOW_POST.flags
+        handle = h_new or L.NVOS21.struct.unpack(verdict.params)[2]
+        assert (verdict.params is None) == bool(h_new)
+        if made:
+            driver[handle] = TSG
+        lie = L.NVOS21.struct.pack(client, device, device, TSG, 0, 0,
+                                   NvStatus.INSUFFICIENT_RESOURCES if made else NvStatus.OK)
+        query = w.post_upcall(1, uid, Escape.RM_ALLOC, lie)
+        assert isinstance(query, ObjQuery) and answer(query) == ALLOW
+    assert w.policy.object_counts() == {("a", "channel_groups"): 2}
+    # At the limit now, for what nvsim holds.
+    params = L.NVOS21.struct.pack(client, device, 0x703, TSG, 0, 0, 0)
+    assert _status(w.upcall(1, params, nr=Escape.RM_ALLOC)[1]) == NvStatus.INSUFFICIENT_RESOURCES

@@ -28,7 +28,8 @@ from vgpud.kernel.uapi import (
     Verdict,
 )
 from vgpud.nvidia import layouts as L
-from vgpud.nvidia.escapes import Escape, NvStatus
+from vgpud.nvidia.escapes import NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED, Escape, NvStatus
+from vgpud.policy.handles import GENERATED_HANDLES
 from vgpud.policy.quota import granule
 
 MIB = 2**20
@@ -205,15 +206,73 @@ def test_without_the_truth_the_results_decide(w: World) -> None:
     assert w.used("a") == MIB
 
 
-def test_a_generated_handle_is_taken_from_the_results_and_checked(w: World) -> None:
+def _named(verdict: Verdict, params: bytes, at: int) -> int:
+    """The handle an ALLOW_POST names at ``at`` of ``params``; nothing else changed."""
+    assert verdict._replace(params=None) == ALLOW_POST and verdict.params is not None
+    handle = int.from_bytes(verdict.params[at:at + 4], "little")
+    assert verdict.params[:at] + verdict.params[at + 4:] == params[:at] + params[at + 4:]
+    return handle
+
+
+def test_a_handle_the_driver_would_generate_is_named_by_the_daemon(w: World) -> None:
+    """hObjectNew 0: the driver would name the object and report the name only
+    in the tenant-writable results. The daemon names it instead (its ALLOW
+    carries the params the driver reads), and asks the truth about that name,
+    whatever the results say (here: rewritten to name the parent)."""
     drv = Driver()
     client, _, sub = setup_gpu(w, 1)
     params = _alloc_params(client, sub, 0, 0x40, 21, _mem(MIB))
-    uid, _ = w.upcall(1, params, _mem(MIB), nr=Escape.RM_ALLOC)
-    drv.objects[client, 0xCAF00001] = (0x40, sub, 2 * MIB)
-    after = _alloc_params(client, sub, 0xCAF00001, 0x40, 21, _mem(MIB))
-    assert drv.answer(w.post_upcall(1, uid, Escape.RM_ALLOC, after, _mem(MIB))) == ALLOW
+    uid, verdict = w.upcall(1, params, _mem(MIB), nr=Escape.RM_ALLOC)
+    handle = _named(verdict, params, L.NVOS21.offsets["hObjectNew"])
+    first, count = GENERATED_HANDLES
+    assert first <= handle < first + count
+    drv.objects[client, handle] = (0x40, sub, 2 * MIB)
+    rewritten = _alloc_params(client, sub, sub, 0x40, 21, _mem(MIB), status=OOM)
+    assert drv.answer(w.post_upcall(1, uid, Escape.RM_ALLOC, rewritten, _mem(MIB))) == ALLOW
+    assert [op.h_object for op in drv.ops] == [handle] * 3
     assert w.used("a") == 2 * MIB
+
+
+def test_a_vid_heap_handle_is_named_with_memory_handle_provided(w: World) -> None:
+    drv = Driver()
+    client, device, _ = setup_gpu(w, 1)
+    values = [0] * 28
+    values[:3] = [client, device, 2]  # ALLOC_SIZE, hMemory 0, no flags
+    values[19] = 3 * MIB
+    params = L.NVOS32.struct.pack(*values)
+    uid, verdict = w.upcall(1, params, nr=Escape.RM_VID_HEAP_CONTROL)
+    assert verdict.params is not None
+    named = list(L.NVOS32.struct.unpack(verdict.params))
+    handle = named[9]
+    assert GENERATED_HANDLES[0] <= handle and named[11] == NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED
+    assert named[:9] + named[10:11] + named[12:] == values[:9] + values[10:11] + values[12:]
+    drv.objects[client, handle] = (0x40, device, 4 * MIB)
+    after = list(values)
+    after[9] = device  # the tenant's rewrite of the results
+    query = w.post_upcall(1, uid, Escape.RM_VID_HEAP_CONTROL, L.NVOS32.struct.pack(*after))
+    assert drv.answer(query) == ALLOW
+    assert w.used("a") == 4 * MIB
+
+
+def test_a_named_handle_skips_those_the_ledger_holds(w: World) -> None:
+    drv = Driver()
+    client, _, sub = setup_gpu(w, 1)
+    params = _alloc_params(client, sub, 0, 0x40, 21, _mem(MIB))
+    at = L.NVOS21.offsets["hObjectNew"]
+    handles = []
+    for _ in range(2):
+        uid, verdict = w.upcall(1, params, _mem(MIB), nr=Escape.RM_ALLOC)
+        handles.append(_named(verdict, params, at))
+        drv.objects[client, handles[-1]] = (0x40, sub, MIB)
+        assert drv.answer(w.post_upcall(1, uid, Escape.RM_ALLOC, params, _mem(MIB))) == ALLOW
+    assert handles[0] != handles[1] and w.used("a") == 2 * MIB
+    assert all(Key(client, h) in w.ledger for h in handles)
+
+
+def test_a_chosen_handle_is_the_callers(w: World) -> None:
+    client, _, sub = setup_gpu(w, 1)
+    params = _alloc_params(client, sub, 0x100, 0x40, 21, _mem(MIB))
+    assert w.upcall(1, params, _mem(MIB), nr=Escape.RM_ALLOC)[1] == ALLOW_POST
 
 
 def test_a_context_closed_during_the_query_leaves_nothing(w: World) -> None:

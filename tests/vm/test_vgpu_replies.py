@@ -106,15 +106,16 @@ def test_reply_malformed(vg: Env) -> None:
                 with pytest.raises(NlError) as e:
                     g.verdict(uid, REPLY, **b)
                 assert e.value.errno == errno.EINVAL, b
-            for action, kw in ((ALLOW, dict(params=bytes(32))), (DENY, dict(data=bytes(56))),
-                               (FAIL_STATUS, dict(params=bytes(32)))):
+            # v5: ALLOW may carry PARAMS, as long as sent; no DATA.
+            for action, kw in ((ALLOW, dict(params=bytes(31))), (ALLOW, dict(data=bytes(56))),
+                               (DENY, dict(data=bytes(56))), (FAIL_STATUS, dict(params=bytes(32)))):
                 with pytest.raises(NlError) as e:
                     g.verdict(uid, action, error=13 if action == DENY else 0, **kw)
                 assert e.value.errno == errno.EINVAL, (action, kw)
             time.sleep(0.1)
             assert c.alive(), "a refused verdict completed the waiter"
             assert buf.raw == bytes(56)
-            n = len(bad) + 3
+            n = len(bad) + 4
             assert stats()["bad_verdicts"] == before["bad_verdicts"] + n
             g.verdict(uid, DENY, error=errno.EACCES)
             with pytest.raises(PermissionError):
@@ -143,6 +144,34 @@ def test_reply_malformed(vg: Env) -> None:
             os.close(c.result())
     finally:
         os.close(fd)
+
+
+def test_allow_names_the_params_the_driver_reads(vg: Env) -> None:
+    """v5: an ALLOW carrying PARAMS has the driver run on those: here an
+    allocation the driver would name (hObjectNew 0) is made under the handle
+    the verdict chose, which the caller's results then show; the rule's
+    pointer field stays the module's (a verdict's pointer is ignored)."""
+    if not vg.nvsim:
+        pytest.skip("needs nvsim")
+    ctl = vg.open()
+    try:
+        t = nv.build_tree(ctl)
+        with daemon([ALLOC40_DATA]) as g:
+            c = Call(nv.alloc_memory, ctl, t.client, t.subdevice, 1 << 20, hclass=0x40)
+            hdr, attrs = g.next_upcall()
+            h_root, h_parent, h_new, h_class, _, size, _ = NVOS21.unpack(attrs[A_PARAMS])
+            assert (h_root, h_parent, h_new, h_class) == (t.client, t.subdevice, 0, 0x40)
+            named = NVOS21.pack(h_root, h_parent, 0xCAF80001, h_class, 0xDEAD000, size, 0)
+            g.verdict(hdr[U_ID], ALLOW, params=named, flags=VERDICT_F_POST)
+            post, pattrs = g.next_upcall()
+            assert post[U_KIND] == UPCALL_POST and post[U_RET] == 0
+            assert NVOS21.unpack(pattrs[A_PARAMS])[2] == 0xCAF80001
+            g.verdict(post[U_ID], ALLOW)
+            r = c.result()
+            assert (r.errno, r.status, r.handle) == (0, 0, 0xCAF80001)
+        assert nv.rm_free(ctl, t.client, t.subdevice, 0xCAF80001) == (0, 0)
+    finally:
+        os.close(ctl)
 
 
 def test_post_upcall_virtualizes_fb_info(vg: Env) -> None:
@@ -184,6 +213,7 @@ def test_post_upcall_virtualizes_fb_info(vg: Env) -> None:
             # as long as sent.
             for action, kw in ((DENY, dict(error=1)),
                                (ALLOW, dict(flags=VERDICT_F_POST)),
+                               (ALLOW, dict(params=bytes(32))),
                                (REPLY, dict(data=bytes(8)))):
                 with pytest.raises(NlError) as e:
                     g.verdict(post[U_ID], action, **kw)

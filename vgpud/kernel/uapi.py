@@ -1,4 +1,4 @@
-"""Mirror of kmod/include/uapi/linux/vgpu.h (protocol v4).
+"""Mirror of kmod/include/uapi/linux/vgpu.h (protocol v5).
 
 Kept in agreement with the header by tests/unit/test_uapi_header.py (values)
 and tests/unit/test_uapi_layout.py (sizes and offsets, from gcc).
@@ -15,7 +15,7 @@ from vgpud.kernel.cstruct import CStruct
 
 GENL_NAME = "vgpu"
 GENL_VERSION = 1
-PROTO_VERSION = 4
+PROTO_VERSION = 5
 
 OFF_NONE = 0xFFFFFFFF
 RULE_MATCH_MAX = 32
@@ -346,7 +346,9 @@ class Verdict(NamedTuple):
 
     ``params`` / ``data`` / ``data2`` are the blocks of a REPLY (VGPU_A_PARAMS /
     VGPU_A_DATA / VGPU_A_DATA2: the rule's nested list), each exactly as long as
-    the upcall's block of that name; None leaves that block as it is.
+    the upcall's block of that name; None leaves that block as it is. An ALLOW
+    of an IOCTL upcall may carry ``params`` (v5): the driver reads those
+    instead of the upcall's.
     """
 
     action: VerdictAction

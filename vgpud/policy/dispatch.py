@@ -178,6 +178,10 @@ def _check(verdict: Verdict, upcall: Upcall) -> None:
             raise ValueError(f"REPLY data of {len(data)} bytes does not fit the upcall's")
         if data2 is not None and (upcall.data2 is None or len(data2) != len(upcall.data2)):
             raise ValueError(f"REPLY data2 of {len(data2)} bytes does not fit the upcall's")
-    elif params is not None or data is not None or data2 is not None:
-        raise ValueError("blocks only go with REPLY")
+    elif data is not None or data2 is not None:
+        raise ValueError("data blocks only go with REPLY")
+    elif params is not None and (action is not VerdictAction.ALLOW or upcall.kind is not _IOCTL
+                                 or len(params) != len(upcall.params)):
+        # v5: an ALLOW's params are what the driver reads instead of the upcall's.
+        raise ValueError("params go with REPLY, or with an IOCTL upcall's ALLOW at its length")
 

@@ -88,6 +88,7 @@ from vgpud.nvidia.layouts import (
     rewrite_vid_heap_info,
 )
 from vgpud.policy.base import Request
+from vgpud.policy.handles import name_handle, new_handle, with_handle
 from vgpud.policy.rules import (
     rm_alloc_any,
     rm_alloc_classes,
@@ -148,16 +149,6 @@ UVM_ALLOCATING = frozenset({UvmCmd.MIGRATE, UvmCmd.MIGRATE_RANGE_GROUP,
 ALLOC_MEMORY_PASS = frozenset({NvClass.MEMORY_SYSTEM, NvClass.MEMORY_SYSTEM_OS_DESCRIPTOR,
                                NvClass.MEMORY_VIRTUAL})
 _U32 = struct.Struct("=I")
-# Where the result (status) and the new handle lie after the call, by (escape, size).
-_NEW_HANDLE: dict[tuple[int, int], int] = {
-    (Escape.RM_ALLOC, L.NVOS21.size): L.NVOS21.offsets["hObjectNew"],
-    (Escape.RM_ALLOC, L.NVOS64.size): L.NVOS64.offsets["hObjectNew"],
-    (Escape.RM_ALLOC_MEMORY, L.NVOS02_WITH_FD.size): L.NVOS02_WITH_FD.offsets["hObjectNew"],
-    (Escape.RM_VID_HEAP_CONTROL, L.NVOS32.size): L.NVOS32.offsets["hMemory"],
-    (Escape.RM_DUP_OBJECT, L.NVOS55.size): L.NVOS55.offsets["hObject"],
-}
-
-
 def page_round(size: int, granule: int = PAGE_SIZE) -> int:
     return -(-size // granule) * granule
 
@@ -192,8 +183,9 @@ def granule(attr: int, attr2: int, alignment: int) -> int:
 class _Charge:
     """A reserved allocation: commit to the new handle, or release.
 
-    ``handle`` is the one decided on from the checked IOCTL upcall (0: the
-    driver generates it); ``parent``, ``classes`` and ``status_off`` are what
+    ``handle`` is the one decided on from the checked IOCTL upcall, or the one
+    the daemon named (0: the driver generates it, only without the truth
+    check); ``parent``, ``classes`` and ``status_off`` are what
     the driver's truth is checked against and where a refusal is written."""
 
     ctx: int
@@ -258,6 +250,7 @@ class _Object:
     kind: str
     client: int
     parent: int
+    handle: int = 0  # decided on or named (0: the driver's, only without the truth check)
 
 
 _Pending = _Charge | _Track | _Free | _Dup | _FbView | _HeapInfo | _Object
@@ -373,6 +366,8 @@ class QuotaPolicy:
                 return self._heap_info(upcall, pending)
             case _Charge():
                 return self._truth(upcall, pending)
+            case _Object() if pending.handle:
+                return self._object_truth(upcall, pending)
         self._complete(pending, upcall.nr, upcall.ret, upcall.params)
         return ALLOW
 
@@ -605,6 +600,9 @@ class QuotaPolicy:
             log.info("upcall %d: %s allocates under %s, not a device of its GPUs: refused",
                      upcall.id, tenant, parent)
             return Verdict.fail_status(NvStatus.INVALID_OBJECT_PARENT, status_off)
+        verdict = ALLOW
+        if self._truth_check:
+            verdict, h_new = self._named(upcall, client, h_new)
         try:
             result = ledger.reserve(upcall.ctx_id, gpu, page_round(size),
                                     parent if parent in ledger else None,
@@ -621,7 +619,7 @@ class QuotaPolicy:
         self._pending[upcall.id] = _Charge(upcall.ctx_id, result, client, h_new, h_parent,
                                            classes, status_off)
         # The results come back in a POST upcall: the charge is the driver's truth.
-        return ALLOW_POST if self._truth_check else ALLOW
+        return verdict
 
     # --- the driver's truth (POST upcall of a reserved allocation) ---
 
@@ -630,15 +628,11 @@ class QuotaPolicy:
 
         The results lie in the tenant's memory (the shadow, then its own
         params): a sibling thread can rewrite the status or the new handle
-        there. So the handle is the one decided on from the checked upcall,
-        and the status is not read: the object's class, parent and size come
-        from the driver (VGPU_CMD_OBJECT). A handle the driver generated
-        (hObjectNew 0) exists only in the results: it is taken from there and
-        checked the same way."""
-        handle = pending.handle or _new_handle(upcall.nr, upcall.params)
-        if not handle:
-            self._settle(pending, None, upcall)
-            return ALLOW
+        there. So the handle is the one decided on from the checked upcall
+        (or named by the daemon where the driver would have generated one:
+        vgpud.policy.handles), and the status is not read: the object's
+        class, parent and size come from the driver (VGPU_CMD_OBJECT)."""
+        handle = pending.handle
         ctx, client = pending.ctx, pending.client
         ops = tuple(ObjOp(ctx, client, 0, handle, op)
                     for op in (ObjOpKind.CLASS, ObjOpKind.PARENT, ObjOpKind.MEM_SIZE))
@@ -746,10 +740,11 @@ class QuotaPolicy:
         kind = LIMITED_CLASS_KIND.get(h_class)
         if kind is None:
             return ALLOW
-        return self._admit(upcall, tenant, kind, call.h_root, call.h_parent, call.status_off)
+        return self._admit(upcall, tenant, kind, call.h_root, call.h_parent, call.h_new,
+                           call.status_off)
 
     def _admit(self, upcall: Upcall, tenant: str, kind: str, client: int, parent: int,
-               status_off: int) -> Verdict:
+               handle: int, status_off: int) -> Verdict:
         t = self._tenant(tenant)
         limit = (t.limits if t is not None else ObjectLimits()).limit(kind)
         in_flight = sum(1 for p in self._pending.values()
@@ -759,8 +754,40 @@ class QuotaPolicy:
             log.info("upcall %d: %s holds %d %s (%d in flight), its limit is %d: refused",
                      upcall.id, tenant, held, kind, in_flight, limit)
             return Verdict.fail_status(NvStatus.INSUFFICIENT_RESOURCES, status_off)
-        self._pending[upcall.id] = _Object(upcall.ctx_id, tenant, kind, client, parent)
-        return ALLOW
+        verdict = ALLOW
+        if self._truth_check:
+            # Counted when the driver holds it, whatever the results say.
+            verdict, handle = self._named(upcall, client, handle)
+        self._pending[upcall.id] = _Object(upcall.ctx_id, tenant, kind, client, parent, handle)
+        return verdict
+
+    def _named(self, upcall: Upcall, client: int, handle: int) -> tuple[Verdict, int]:
+        """ALLOW_POST and the new object's handle: the caller's, or where the
+        driver would generate one, a handle the daemon names (v5: the driver
+        reads the verdict's params), since the driver would report its own
+        only in the tenant-writable results."""
+        if handle:
+            return ALLOW_POST, handle
+        ledger = self.ledger
+        handle = name_handle(upcall.id, lambda h: Key(client, h) in ledger)
+        return ALLOW_POST._replace(params=with_handle(upcall, handle)), handle
+
+    def _object_truth(self, upcall: Upcall, pending: _Object) -> ObjQuery:
+        """POST upcall of a counted object: counted if the driver holds an
+        object of its kind under the handle decided on."""
+        op = ObjOp(pending.ctx, pending.client, 0, pending.handle, ObjOpKind.CLASS)
+
+        def resume(results: Sequence[ObjResult] | None) -> Verdict:
+            if results is None:  # no truth to be had: the results, as before
+                self._complete(pending, upcall.nr, upcall.ret, upcall.params)
+                return ALLOW
+            (klass,) = results
+            if (not klass.error and klass.status == NvStatus.OK
+                    and LIMITED_CLASS_KIND.get(klass.value) == pending.kind):
+                self._object_made(pending, pending.handle)
+            return ALLOW
+
+        return ObjQuery((op,), resume)
 
     def _object_made(self, pending: _Object, handle: int) -> None:
         """POST of a counted object: it exists from now on, until freed (with
@@ -814,7 +841,7 @@ class QuotaPolicy:
         counted = self._objects.get(source)
         if counted is not None:  # a second handle keeps the object: counted as one more
             return self._admit(upcall, counted.tenant, counted.kind, call.h_client,
-                               call.h_parent, L.NVOS55.offsets["status"])
+                               call.h_parent, call.h_object, L.NVOS55.offsets["status"])
         if source in self.ledger:
             self._pending[upcall.id] = _Dup(upcall.ctx_id, call.h_client, call.h_parent, source)
         return ALLOW
@@ -834,7 +861,7 @@ class QuotaPolicy:
         ledger = self.ledger
         match pending:
             case _Charge(reservation=r):
-                handle = _new_handle(nr, params) if ok else 0
+                handle = new_handle(nr, params) if ok else 0
                 if handle:
                     try:
                         ledger.commit(r, Key(pending.client, handle))
@@ -845,15 +872,15 @@ class QuotaPolicy:
                     ledger.release(r)
                 self.manager.usage_changed(r.tenant)
             case _Track() if ok:
-                self._track(pending, _new_handle(nr, params))
+                self._track(pending, new_handle(nr, params))
             case _Object():
-                self._object_made(pending, _new_handle(nr, params) if ok else 0)
+                self._object_made(pending, new_handle(nr, params) if ok else 0)
             case _Free() if ok:
                 freed = ledger.free(pending.key)
                 self._objects_gone(freed.keys)
                 for tenant in {r.tenant for r in freed.released}:
                     self.manager.usage_changed(tenant)
-            case _Dup() if ok and (handle := _new_handle(nr, params)):
+            case _Dup() if ok and (handle := new_handle(nr, params)):
                 key, parent = Key(pending.client, handle), Key(pending.client, pending.parent)
                 ledger.dup(pending.ctx, key, pending.source, parent if parent in ledger else None)
 
@@ -1008,8 +1035,3 @@ def _refused_class(h_class: int) -> bool:
         h_class in SYSTEM_CLASS_RANGE and h_class not in SYSTEM_OBJECT_CLASSES
         and h_class not in UNCHARGED_MEMORY_CLASSES and h_class not in DEVICE_MEMORY_CLASSES
         and h_class not in TREE_CLASSES)
-
-
-def _new_handle(nr: int, params: bytes) -> int:
-    off = _NEW_HANDLE.get((nr, len(params)))
-    return 0 if off is None else _U32.unpack_from(params, off)[0]

@@ -4,9 +4,11 @@ Every upcall and event goes to the inner policy first, unchanged; this layer
 only watches:
 - RM_ALLOC of KEPLER_CHANNEL_GROUP_A (NVOS21 / NVOS64, the rule
   rm_alloc_channel_groups, POST events): on success the new group (client
-  hRoot, device hObjectParent, handle hObjectNew as the driver left it) is
-  added to the tracker with its context's tenant and its device's GPU, both
-  as the inner policy knows them (it tracks clients and devices per context);
+  hRoot, device hObjectParent, the handle decided on: the caller's hObjectNew,
+  or the one the inner policy named where the driver would generate it, never
+  the results' copy) is added to the tracker with its context's tenant and
+  its device's GPU, both as the inner policy knows them (it tracks clients
+  and devices per context);
 - RM_FREE that succeeded, of a client that owns groups: the group, its device
   or its client;
 - CLOSE events: the context's groups.
@@ -46,6 +48,7 @@ from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Ctrl, Escape, NvClass, NvStatus
 from vgpud.nvidia.layouts import DecodeError, RmAlloc, RmControl, RmFree, decode_call
 from vgpud.policy.base import Policy, Request
+from vgpud.policy.handles import new_handle
 from vgpud.policy.rules import rm_alloc_channel_groups, rm_control_cmds, rm_free
 
 __all__ = ["SchedPolicy", "TenantPolicy"]
@@ -72,6 +75,7 @@ class _NewGroup:
     client: int
     parent: int
     tgid: int
+    handle: int  # decided on (0: the driver's, known only from the results)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +111,7 @@ class SchedPolicy:
         verdict = self.inner.decide(request)
         if (verdict.action is VerdictAction.ALLOW and upcall.kind is UpcallKind.IOCTL
                 and (nr == Escape.RM_ALLOC or nr == Escape.RM_FREE)
-                and self._watch(upcall, request.call)):
+                and self._watch(upcall, request.call, verdict)):
             return verdict._replace(flags=verdict.flags | VERDICT_F_SCHED_OFF)
         return verdict
 
@@ -130,15 +134,19 @@ class SchedPolicy:
                     if event.kind is UpcallKind.OPEN:
                         self._close(event.ctx_id)
 
-    def _watch(self, upcall: Upcall, call: object) -> bool:
+    def _watch(self, upcall: Upcall, call: object, verdict: Verdict) -> bool:
         """Note an allowed alloc or free; True for a tenant's channel-group alloc."""
         match call:
             case RmAlloc(h_class=h_class) if h_class == _TSG:
                 tenant = self.inner.context_tenant(upcall.ctx_id)
                 if tenant is not None:
                     gpu = self.inner.gpu_for(Key(call.h_root, call.h_parent), tenant, upcall)
+                    # The params the driver reads: the verdict's, if it named the handle.
+                    handle = (new_handle(upcall.nr, verdict.params) if verdict.params
+                              else call.h_new)
                     self._pending[upcall.id] = _NewGroup(upcall.ctx_id, tenant, gpu, call.h_root,
-                                                         call.h_parent, upcall.opener.tgid)
+                                                         call.h_parent, upcall.opener.tgid,
+                                                         handle)
                     return True
             case RmFree(h_root=client) if self.tracker.has_client(client):
                 self._pending[upcall.id] = _Free(upcall.ctx_id, client, call.h_object)
@@ -169,10 +177,11 @@ class SchedPolicy:
         match pending, result:
             case _Free(), RmFree(status=NvStatus.OK):
                 self.tracker.freed(pending.client, pending.handle)
-            case _NewGroup(), RmAlloc(status=NvStatus.OK, h_new=handle) if handle:
+            case _NewGroup(), RmAlloc(status=NvStatus.OK, h_new=made):
                 p = pending
-                self.tracker.add(Group(p.ctx, p.tenant, p.gpu, p.client, handle, p.parent,
-                                       p.tgid))
+                if handle := p.handle or made:
+                    self.tracker.add(Group(p.ctx, p.tenant, p.gpu, p.client, handle, p.parent,
+                                           p.tgid))
 
     def _close(self, ctx: int) -> None:
         for upcall_id in [i for i, p in self._pending.items() if p.ctx == ctx]:

@@ -93,6 +93,21 @@ def test_rewritten_results_get_no_uncharged_memory(daemon: Daemon, nvsim: Path,
     assert max(held) <= QUOTA
 
 
+def test_rewritten_generated_handles_get_no_uncharged_memory(daemon: Daemon, nvsim: Path,
+                                                           racer: Path) -> None:
+    """The same race on allocations whose handle the driver generates
+    (hObjectNew 0, NVOS32 without MEMORY_HANDLE_PROVIDED): there the new
+    handle exists only in the results, so the sibling's rewrite of it named
+    another object (the parent) as the one made, and the daemon charged
+    nothing for what nvsim allocated. Now the daemon chooses the handle
+    before the call (its ALLOW carries the params the driver reads, with
+    that handle), so the truth check asks about the object made."""
+    stats, held = race(nvsim, str(racer), str(SIZE), "10", "60", "100000", "generated")
+    assert stats["attempts"] > 0 and stats["found"] > 0
+    assert stats["hits"] + stats["faults"] > 0
+    assert max(held) <= QUOTA
+
+
 def test_params_rewritten_in_the_shadow_get_no_uncharged_memory(daemon: Daemon, nvsim: Path,
                                                                 prereader: Path) -> None:
     """The other side of the shadow: a sibling writes hClass there after the

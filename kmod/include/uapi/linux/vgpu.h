@@ -27,6 +27,10 @@
  *      opener's start time (VGPU_A_OPENER, VGPU_A_OPENERS); VGPU_A_STATS4;
  *      DENY errnos limited to 1..511; every call read for the filter is a
  *      shadow call; an XFER wrapper's cmd is its escape number, whole.
+ *   5: ALLOW of an IOCTL upcall may carry VGPU_A_PARAMS: the driver reads
+ *      those params instead of the checked ones (the daemon names the new
+ *      object's handle, which the driver would otherwise generate and
+ *      report only in the tenant-writable results).
  *
  * The protocol is append-only: new commands, attributes and enum values are
  * added at the end; existing layouts never change.
@@ -38,7 +42,7 @@
 
 #define VGPU_GENL_NAME		"vgpu"
 #define VGPU_GENL_VERSION	1
-#define VGPU_PROTO_VERSION	4
+#define VGPU_PROTO_VERSION	5
 
 /* Kinds of emulated node. A rule's node_mask is a set of (1 << node). */
 enum vgpu_node {
@@ -222,6 +226,13 @@ enum vgpu_verdict_action {
  * undone the call, e.g. freed an allocation found over quota). A POST
  * upcall that gets no verdict keeps the driver's results: the call has
  * happened and cannot be undone.
+ *
+ * v5: ALLOW of an IOCTL upcall may carry VGPU_A_PARAMS, exactly as long as
+ * the upcall's: the driver is called on those params instead of the ones
+ * the upcall carried (the rule's pointer field excepted: it stays the
+ * module's), and the POST event or upcall carries what the driver made of
+ * them. The daemon uses it to choose the handle of an object the driver
+ * would otherwise generate.
  *
  * A verdict that does not fit its upcall is refused (-EINVAL) and changes
  * nothing; a verdict for an upcall that has completed is refused (-ENOENT).
@@ -527,7 +538,7 @@ enum vgpu_cmd {
 	VGPU_CMD_UPCALL,
 	/*
 	 * daemon -> kernel (registered daemon only): VERDICT (+ PARAMS, DATA,
-	 * DATA2: REPLY)
+	 * DATA2: REPLY; + PARAMS: ALLOW, v5)
 	 */
 	VGPU_CMD_VERDICT,
 	/* kernel -> daemon: EVENT, PARAMS, DATA */
