@@ -149,6 +149,8 @@ UVM_ALLOCATING = frozenset({UvmCmd.MIGRATE, UvmCmd.MIGRATE_RANGE_GROUP,
 ALLOC_MEMORY_PASS = frozenset({NvClass.MEMORY_SYSTEM, NvClass.MEMORY_SYSTEM_OS_DESCRIPTOR,
                                NvClass.MEMORY_VIRTUAL})
 _U32 = struct.Struct("=I")
+
+
 def page_round(size: int, granule: int = PAGE_SIZE) -> int:
     return -(-size // granule) * granule
 
