@@ -3,13 +3,15 @@
  * A hostile tenant rewriting the results the driver leaves in the module's
  * shadow of its params (tests/vm/hostile, issue 10 item 7).
  *
- *   attack_shadow FD CLIENT PARENT SIZE MIN_S MAX_S ATTEMPTS [generated]
+ *   attack_shadow FD CLIENT PARENT SIZE MIN_S MAX_S ATTEMPTS [generated] [groups]
  *
  * One thread allocates SIZE bytes of video memory under fresh handles of its
  * own (with "generated": under handles the driver generates, hObjectNew 0 and
  * no MEMORY_HANDLE_PROVIDED, so that the new handle exists only in the
  * results), alternately with RM_ALLOC (NVOS21, NV01_MEMORY_LOCAL_USER) and with
- * VID_HEAP_CONTROL ALLOC_SIZE (NVOS32), and keeps what it gets (a call whose
+ * VID_HEAP_CONTROL ALLOC_SIZE (NVOS32); with "groups", channel groups
+ * (RM_ALLOC of KEPLER_CHANNEL_GROUP_A under PARENT, a device), which the
+ * daemon counts against an object limit. It keeps what it gets (a call whose
  * results came back rewritten may have made its object too); when refused
  * it frees the oldest object it holds. Another thread finds the shadow (a
  * page of its own anonymous mappings that begins with its params, as the
@@ -30,6 +32,7 @@
 #include "attack.h"
 
 #define NV_ERR_NO_MEMORY	0x51
+#define KEPLER_CHANNEL_GROUP_A	0xa06c
 #define HANDLE_PROVIDED		0x4000
 #define MAX_HELD		4096
 
@@ -52,6 +55,7 @@ struct nvos32 {
 _Static_assert(sizeof(struct nvos32) == 184, "NVOS32 is 184 bytes");
 
 static atomic_int stop;
+static uint32_t alloc_class;	/* what RM_ALLOC makes: 0x40 or a channel group */
 static atomic_int kind;		/* 21 or 32: the call in flight */
 static atomic_int called;	/* a call has been made: the shadow exists */
 static uint32_t client;		/* CLIENT */
@@ -60,12 +64,12 @@ static atomic_ulong hits, faults;
 static struct shadows sh;
 
 /*
- * hRoot, hObjectParent, then class 0x40 (NVOS21) or function ALLOC_SIZE
+ * hRoot, hObjectParent, then the class (NVOS21) or function ALLOC_SIZE
  * (NVOS32): the params as the module copied them.
  */
 static int is_params(volatile uint32_t *p)
 {
-	return p[0] == client && p[1] == taken && (p[3] == 0x40 || p[2] == 2);
+	return p[0] == client && p[1] == taken && (p[3] == alloc_class || p[2] == 2);
 }
 
 static void *rewriter(void *arg)
@@ -114,7 +118,7 @@ int main(int argc, char **argv)
 	struct nvos00 fr;
 	uint64_t size;
 	pthread_t t;
-	int fd, rc, gen;
+	int fd, rc, gen, groups, i;
 
 	if (argc < 8)
 		return 2;
@@ -125,7 +129,12 @@ int main(int argc, char **argv)
 	min_s = atof(argv[5]);
 	max_s = atof(argv[6]);
 	want = strtoul(argv[7], NULL, 0);
-	gen = argc > 8 && !strcmp(argv[8], "generated");
+	gen = groups = 0;
+	for (i = 8; i < argc; i++) {
+		gen |= !strcmp(argv[i], "generated");
+		groups |= !strcmp(argv[i], "groups");
+	}
+	alloc_class = groups ? KEPLER_CHANNEL_GROUP_A : 0x40;
 
 	client = strtoul(argv[2], NULL, 0);
 	catch_faults();
@@ -138,7 +147,7 @@ int main(int argc, char **argv)
 		if (el >= max_s || (el >= min_s && attempts >= want))
 			break;
 		h = gen ? 0 : 0xA0000000u + attempts;
-		if (attempts & 1) {
+		if ((attempts & 1) && !groups) {
 			memset(&v, 0, sizeof(v));
 			v.h_root = client;
 			v.h_parent = parent;
@@ -153,14 +162,16 @@ int main(int argc, char **argv)
 			got = v.h_memory;
 		} else {
 			memset(mem, 0, sizeof(mem));
-			*(uint64_t *)(mem + 64) = size;	/* NV_MEMORY_ALLOCATION_PARAMS.size */
+			if (!groups)	/* NV_MEMORY_ALLOCATION_PARAMS.size */
+				*(uint64_t *)(mem + 64) = size;
 			memset(&a, 0, sizeof(a));
 			a.h_root = client;
 			a.h_parent = parent;
 			a.h_new = h;
-			a.h_class = 0x40;
+			a.h_class = alloc_class;
 			a.p_alloc_parms = (uintptr_t)mem;
-			a.params_size = sizeof(mem);
+			/* NV_CHANNEL_GROUP_ALLOCATION_PARAMETERS: 20 bytes, all 0 */
+			a.params_size = groups ? 20 : sizeof(mem);
 			a.status = 0xffffffffu;
 			atomic_store(&kind, 21);
 			rc = ioctl(fd, _IOWR(NV_IOCTL_MAGIC, NV_ESC_RM_ALLOC, struct nvos21), &a);

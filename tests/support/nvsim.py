@@ -16,8 +16,10 @@ import os
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 import pytest
 
@@ -114,31 +116,49 @@ def heap_free(ctl: int, tree: nv.Tree) -> int:
     return fb(ctl, tree)[nv.FB_HEAP_FREE]
 
 
-class HeapSampler:
-    """Samples, as root through nvsim's own nodes, what GPU 0 holds beyond `free0`:
-    every `period` seconds while the block runs, and once at its end."""
+class Sampler:
+    """Samples `measure()` every `period` seconds while the block runs, and
+    once at its end, in `samples`."""
 
-    def __init__(self, fds: Fds, period: float = 0.2) -> None:
+    def __init__(self, measure: Callable[[], int], period: float) -> None:
+        self.measure = measure
         self.period = period
-        self.ctl = fds.ctl()
-        self.tree = nv.build_tree(self.ctl, 0)
-        self.free0 = heap_free(self.ctl, self.tree)
         self.samples: list[int] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def held(self) -> int:
-        return (self.free0 - heap_free(self.ctl, self.tree)) * 1024
-
     def _run(self) -> None:
         while not self._stop.wait(self.period):
-            self.samples.append(self.held())
+            self.samples.append(self.measure())
 
-    def __enter__(self) -> HeapSampler:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.samples.append(self.held())
+        self.samples.append(self.measure())
+
+
+class HeapSampler(Sampler):
+    """Samples, as root through nvsim's own nodes, what GPU 0 holds beyond
+    what it held at the start, in bytes."""
+
+    def __init__(self, fds: Fds, period: float = 0.2) -> None:
+        self.ctl = fds.ctl()
+        self.tree = nv.build_tree(self.ctl, 0)
+        self.free0 = heap_free(self.ctl, self.tree)
+        super().__init__(self.held, period)
+
+    def held(self) -> int:
+        return (self.free0 - heap_free(self.ctl, self.tree)) * 1024
+
+
+class GroupSampler(Sampler):
+    """Samples how many channel groups nvsim holds, of all clients, beyond
+    those it held at the start."""
+
+    def __init__(self, period: float = 0.05) -> None:
+        self.base = len(nv.proc_groups())
+        super().__init__(lambda: len(nv.proc_groups()) - self.base, period)

@@ -15,7 +15,9 @@ at least 10 s and 10^5 calls: 16 MiB allocations, NVOS21 and NVOS32 in turn,
 under fresh handles, keeping everything; a sibling finds the shadow in
 /proc/self/maps and rewrites the results there. Judged by nvsim: the video
 memory it holds for the tenant, sampled during the race, never exceeds the
-quota.
+quota. The same race on channel groups, counted against a limit of 4
+(limits.channel_groups): nvsim never holds more than 4 groups for the
+tenant.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from pathlib import Path
 import pytest
 
 from tests.support import nvclient as nv
-from tests.support.hostile import attacker_binary, spawn_tenant
-from tests.support.nvsim import Fds, HeapSampler
+from tests.support.hostile import ONE_TENANT, attacker_binary, spawn_tenant, start_daemon
+from tests.support.nvsim import Fds, GroupSampler, HeapSampler
 from tests.support.vgpud_proc import Daemon
 
 pytestmark = pytest.mark.vm
@@ -38,6 +40,8 @@ REFUSED = Path("/sys/module/vgpu/parameters/shadow_writes_refused")
 REVOKED = Path("/sys/module/vgpu/parameters/shadow_revoked")
 QUOTA = 64 * MIB
 SIZE = 16 * MIB
+GROUPS = 4  # the channel-group limit of the limited tenant
+LIMITED = ONE_TENANT + f"limits = {{ channel_groups = {GROUPS} }}\n"
 
 # The tenant builds its tree through vgpu, then hands the fd to the racer.
 TENANT = r"""
@@ -45,7 +49,8 @@ import os, subprocess, sys
 from tests.support import nvclient as nv
 fd = os.open("/dev/vgpu/nvidiactl", os.O_RDWR)
 tree = nv.build_tree(fd)
-out = subprocess.run([sys.argv[1], str(fd), str(tree.client), str(tree.subdevice), *sys.argv[2:]],
+parent = tree.device if "groups" in sys.argv else tree.subdevice
+out = subprocess.run([sys.argv[1], str(fd), str(tree.client), str(parent), *sys.argv[2:]],
                      pass_fds=(fd,), capture_output=True, text=True, check=True).stdout
 print(out.strip())
 """
@@ -53,10 +58,12 @@ print(out.strip())
 
 def race(nvsim: Path, *args: str) -> tuple[dict[str, int], list[int]]:
     """Runs the attacker `args` as the tenant while nvsim's holding for it is
-    sampled: the attacker's figures ("name N ...") and the samples."""
+    sampled (video memory, or with "groups" channel groups): the attacker's
+    figures ("name N ...") and the samples."""
+    groups = "groups" in args
     fds = Fds(nv.NvNodes(nvsim))
     try:
-        with HeapSampler(fds) as heap:
+        with GroupSampler() if groups else HeapSampler(fds) as held:
             tenant = spawn_tenant(f"import sys; sys.argv[1:] = {json.dumps(args)}\n{TENANT}")
             try:
                 out, err = tenant.communicate(timeout=900)
@@ -65,11 +72,12 @@ def race(nvsim: Path, *args: str) -> tuple[dict[str, int], list[int]]:
             assert tenant.returncode == 0, err
     finally:
         fds.close_all()
+    unit, div, bound = ("groups", 1, GROUPS) if groups else ("MiB", MIB, QUOTA // MIB)
     print(f"race: {out.strip()}; nvsim held for the tenant at most "
-          f"{max(heap.samples) // MIB} MiB in {len(heap.samples)} samples, "
-          f"{heap.samples[-1] // MIB} MiB at the end (quota {QUOTA // MIB} MiB)")
+          f"{max(held.samples) // div} {unit} in {len(held.samples)} samples, "
+          f"{held.samples[-1] // div} at the end (limit {bound})")
     words = out.split()
-    return dict(zip(words[::2], map(int, words[1::2]), strict=True)), heap.samples
+    return dict(zip(words[::2], map(int, words[1::2]), strict=True)), held.samples
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +114,29 @@ def test_rewritten_generated_handles_get_no_uncharged_memory(daemon: Daemon, nvs
     assert stats["attempts"] > 0 and stats["found"] > 0
     assert stats["hits"] + stats["faults"] > 0
     assert max(held) <= QUOTA
+
+
+@pytest.fixture
+def limited(vgpu: Path, daemon_factory, tmp_path: Path) -> Iterator[Daemon]:
+    """vgpud deciding for ONE_TENANT with a limit of GROUPS channel groups."""
+    d = start_daemon(daemon_factory, tmp_path, LIMITED)
+    yield d
+    print(d.log())
+
+
+@pytest.mark.parametrize("handles", ["provided", "generated"])
+def test_rewritten_results_get_no_uncounted_channel_groups(limited: Daemon, nvsim: Path,
+                                                         racer: Path, handles: str) -> None:
+    """The same race on channel groups, counted against an object limit:
+    a sibling's NV_ERR_NO_MEMORY over a group's success made the daemon
+    count a failure, and the tenant kept the group (with a generated handle,
+    one it can no longer name), past its limit. Now the daemon counts the
+    object the driver reports under the handle it decided on or named."""
+    stats, held = race(nvsim, str(racer), "0", "10", "60", "100000", handles, "groups")
+    assert stats["attempts"] > 0 and stats["found"] > 0
+    assert stats["hits"] + stats["faults"] > 0
+    assert stats["failed"] > 0  # the limit was reached
+    assert max(held) <= GROUPS
 
 
 def test_params_rewritten_in_the_shadow_get_no_uncharged_memory(daemon: Daemon, nvsim: Path,
