@@ -131,8 +131,12 @@ int main(int argc, char **argv)
 	want = strtoul(argv[7], NULL, 0);
 	gen = groups = 0;
 	for (i = 8; i < argc; i++) {
-		gen |= !strcmp(argv[i], "generated");
-		groups |= !strcmp(argv[i], "groups");
+		if (!strcmp(argv[i], "generated"))
+			gen = 1;
+		else if (!strcmp(argv[i], "groups"))
+			groups = 1;
+		else
+			return 2;	/* not a mode of ours */
 	}
 	alloc_class = groups ? KEPLER_CHANNEL_GROUP_A : 0x40;
 
