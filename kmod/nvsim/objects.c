@@ -60,7 +60,7 @@ struct nvsim_class {
 	u32 hclass;
 	enum nvsim_obj_kind kind;
 	u32 params_size;	/* 0: parameters are ignored */
-	bool params_optional;	/* NULL/0 accepted */
+	bool params_optional;	/* a NULL pointer accepted */
 };
 
 static const struct nvsim_class nvsim_classes[] = {
@@ -124,27 +124,28 @@ static bool nvsim_is_memory(const struct nvsim_obj *o)
 }
 
 /*
- * Copies the allocation or control parameters a user pointer names.  As
- * rmapiParamsAcquire: a pointer without a size or a size without a
- * pointer is an invalid argument, a fault an invalid address.
+ * Copies a class's allocation parameters from the pointer NVOS21/NVOS64
+ * gives, as serverAllocApiCopyIn and rmapiGetClassAllocParamSize do: the
+ * size is the class's, whatever paramsSize says (the driver never reads
+ * it; libcuda leaves it 0). A NULL pointer is an invalid argument unless
+ * the class's parameters are optional (then they read as zeros), a fault
+ * an invalid address. Sets *copied to the bytes to copy back out.
  */
-static u32 nvsim_copy_params(u64 uptr, u32 size, void *dst, u32 want,
-			     bool optional)
+static u32 nvsim_copy_params(u64 uptr, const struct nvsim_class *cls,
+			     void *dst, u32 *copied)
 {
-	if (!!size != !!uptr)
-		return NV_ERR_INVALID_ARGUMENT;
-	if (!want)
+	*copied = 0;
+	if (!cls->params_size)
 		return NV_OK;
-	if (!size) {
-		if (!optional)
+	if (!uptr) {
+		if (!cls->params_optional)
 			return NV_ERR_INVALID_ARGUMENT;
-		memset(dst, 0, want);
+		memset(dst, 0, cls->params_size);
 		return NV_OK;
 	}
-	if (size != want)
-		return NV_ERR_INVALID_PARAM_STRUCT;
-	if (copy_from_user(dst, u64_to_user_ptr(uptr), size))
+	if (copy_from_user(dst, u64_to_user_ptr(uptr), cls->params_size))
 		return NV_ERR_INVALID_ADDRESS;
+	*copied = cls->params_size;
 	return NV_OK;
 }
 
@@ -536,10 +537,9 @@ int nvsim_rm_alloc(struct nvsim_file *nf, void *buf, u32 size)
 	struct nvos64 *p64 = buf;
 	bool access = size == sizeof(*p64);
 	u32 *status = access ? &p64->status : &p->status;
-	u32 psize = access ? p64->params_size : p->params_size;
 	const struct nvsim_class *cls;
 	union nvsim_alloc_params prm;
-	u32 st;
+	u32 st, psize;
 
 	/* Userspace root allocations become NV01_ROOT_CLIENT. */
 	if (p->h_class == NV01_ROOT || p->h_class == NV01_ROOT_NON_PRIV)
@@ -550,8 +550,7 @@ int nvsim_rm_alloc(struct nvsim_file *nf, void *buf, u32 size)
 		*status = NV_ERR_INVALID_CLASS;
 		return 0;
 	}
-	st = nvsim_copy_params(p->p_alloc_parms, psize, &prm, cls->params_size,
-			       cls->params_optional);
+	st = nvsim_copy_params(p->p_alloc_parms, cls, &prm, &psize);
 	if (st) {
 		*status = st;
 		return 0;
@@ -563,7 +562,7 @@ int nvsim_rm_alloc(struct nvsim_file *nf, void *buf, u32 size)
 	mutex_unlock(&nvsim_lock);
 
 	/* Output fields of the class parameters (memory size/offset/limit). */
-	if (!st && cls->params_size && psize &&
+	if (!st && psize &&
 	    copy_to_user(u64_to_user_ptr(p->p_alloc_parms), &prm, psize))
 		pr_debug("nvsim: alloc params copy-out failed\n");
 	*status = st;

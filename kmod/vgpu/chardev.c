@@ -145,8 +145,10 @@ static void vgpu_msg_init(struct vgpu_upcall_msg *m, struct vgpu_ctx *ctx,
 }
 
 /*
- * Copies the buffer a rule points to. Sets *flags on a length over
- * VGPU_PARAMS_MAX or an unreadable buffer; never fails the call.
+ * Copies the buffer a rule points to: the rule's fixed length, else the
+ * length the params give. Sets *flags on a length over VGPU_PARAMS_MAX or
+ * an unreadable buffer; never fails the call. A NULL pointer under a fixed
+ * length copies nothing: the driver sees the same NULL.
  */
 static void *vgpu_copy_data(const struct vgpu_rule *r, const void *params,
 			    u32 *len, u32 *flags)
@@ -158,7 +160,13 @@ static void *vgpu_copy_data(const struct vgpu_rule *r, const void *params,
 	if (r->ptr_off == VGPU_OFF_NONE)
 		return NULL;
 	ptr = get_unaligned((const u64 *)(params + r->ptr_off));
-	*len = get_unaligned((const u32 *)(params + r->len_off));
+	if (r->flags & VGPU_RULE_F_LEN_FIXED) {
+		if (!ptr)
+			return NULL;
+		*len = r->len_off;	/* 1..VGPU_PARAMS_MAX (filter.c) */
+	} else {
+		*len = get_unaligned((const u32 *)(params + r->len_off));
+	}
 	if (*len > VGPU_PARAMS_MAX) {
 		*flags |= VGPU_UPCALL_F_DATA_BIG;
 		*len = 0;
@@ -472,7 +480,8 @@ static int vgpu_slow_prepare(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 	/* A rule for any size may name offsets beyond this call's params. */
 	if (r->ptr_off != VGPU_OFF_NONE &&
 	    (eff < sizeof(u64) || r->ptr_off > eff - sizeof(u64) ||
-	     r->len_off > eff - sizeof(u32)))
+	     (!(r->flags & VGPU_RULE_F_LEN_FIXED) &&
+	      r->len_off > eff - sizeof(u32))))
 		r->ptr_off = VGPU_OFF_NONE;
 	s->data = vgpu_copy_data(r, s->params, &m->data_len, &m->hdr.flags);
 	m->data = s->data;

@@ -94,7 +94,8 @@ static int vgpu_rule_check(const struct vgpu_rule *r, const char **why)
 		*why = "rule node_mask is empty or has unknown bits";
 		return -EINVAL;
 	}
-	if (r->flags & ~(VGPU_RULE_F_POST | VGPU_RULE_F_SHADOW)) {
+	if (r->flags & ~(VGPU_RULE_F_POST | VGPU_RULE_F_SHADOW |
+			 VGPU_RULE_F_LEN_FIXED)) {
 		*why = "unknown rule flags";
 		return -EINVAL;
 	}
@@ -122,11 +123,19 @@ static int vgpu_rule_check(const struct vgpu_rule *r, const char **why)
 			*why = "rule ptr_off + 8 exceeds the params size";
 			return -EINVAL;
 		}
-		if (r->len_off == VGPU_OFF_NONE ||
-		    !vgpu_off_ok(r->len_off, sizeof(u32), r->size)) {
+		if (r->flags & VGPU_RULE_F_LEN_FIXED) {
+			if (!r->len_off || r->len_off > VGPU_PARAMS_MAX) {
+				*why = "rule fixed length not in 1..VGPU_PARAMS_MAX";
+				return -EINVAL;
+			}
+		} else if (r->len_off == VGPU_OFF_NONE ||
+			   !vgpu_off_ok(r->len_off, sizeof(u32), r->size)) {
 			*why = "rule len_off missing or + 4 exceeds the params size";
 			return -EINVAL;
 		}
+	} else if (r->flags & VGPU_RULE_F_LEN_FIXED) {
+		*why = "VGPU_RULE_F_LEN_FIXED without ptr_off";
+		return -EINVAL;
 	}
 	return 0;
 }

@@ -2,12 +2,17 @@
 /*
  * A hostile tenant's race on its own ioctl params (tests/vm/hostile).
  *
- *   attack_flip FD CLIENT PARENT SIZE CLASS_A CLASS_B MIN_S MAX_S ATTEMPTS [xfer]
+ *   attack_flip FD CLIENT PARENT SIZE CLASS_A CLASS_B MIN_S MAX_S ATTEMPTS
+ *               [xfer] [class|size|ptr]
  *
  * One thread allocates with NV_ESC_RM_ALLOC (NVOS21, or wrapped in
  * IOCTL_XFER_CMD) objects of class CLASS_A with NV_MEMORY_ALLOCATION_PARAMS
  * of SIZE bytes, under fresh handles, and keeps what it gets; another thread
- * flips the params' hClass between CLASS_A and CLASS_B as fast as it can.
+ * flips a field of the params as fast as it can:
+ *   class  hClass between CLASS_A and CLASS_B (the default);
+ *   size   paramsSize between 0 (as libcuda sends it) and 0xffffffff;
+ *   ptr    pAllocParms between the SIZE-byte params and params asking for
+ *          1 GiB.
  * It runs for at least MIN_S seconds and ATTEMPTS calls (at most MAX_S s),
  * then prints "attempts N ok N flips N".
  */
@@ -30,8 +35,11 @@ struct xfer {
 static struct nvos21 params;
 static atomic_int stop;
 static uint32_t class_a, class_b;
+/* NV_MEMORY_ALLOCATION_PARAMS: the one allocated, and one asking for 1 GiB. */
+static unsigned char mem[128] __attribute__((aligned(8)));
+static unsigned char big[128] __attribute__((aligned(8)));
 
-static void *flipper(void *arg)
+static void *flip_class(void *arg)
 {
 	volatile uint32_t *h_class = &params.h_class;
 	unsigned long *flips = arg;
@@ -44,13 +52,39 @@ static void *flipper(void *arg)
 	return NULL;
 }
 
+static void *flip_size(void *arg)
+{
+	volatile uint32_t *size = &params.params_size;
+	unsigned long *flips = arg;
+
+	while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
+		*size = 0xffffffffu;
+		*size = 0;
+		(*flips)++;
+	}
+	return NULL;
+}
+
+static void *flip_ptr(void *arg)
+{
+	volatile uint64_t *ptr = &params.p_alloc_parms;
+	unsigned long *flips = arg;
+
+	while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
+		*ptr = (uintptr_t)big;
+		*ptr = (uintptr_t)mem;
+		(*flips)++;
+	}
+	return NULL;
+}
+
 int main(int argc, char **argv)
 {
-	unsigned char mem[128] __attribute__((aligned(8)));
 	unsigned long attempts = 0, ok = 0, flips = 0, want;
+	void *(*flipper)(void *) = flip_class;
 	double start, min_s, max_s;
 	struct xfer x;
-	int fd, use_xfer;
+	int fd, use_xfer = 0, i;
 	unsigned long cmd;
 	pthread_t t;
 	void *arg;
@@ -63,9 +97,20 @@ int main(int argc, char **argv)
 	min_s = atof(argv[7]);
 	max_s = atof(argv[8]);
 	want = strtoul(argv[9], NULL, 0);
-	use_xfer = argc > 10 && !strcmp(argv[10], "xfer");
+	for (i = 10; i < argc; i++) {
+		if (!strcmp(argv[i], "xfer"))
+			use_xfer = 1;
+		else if (!strcmp(argv[i], "size"))
+			flipper = flip_size;
+		else if (!strcmp(argv[i], "ptr"))
+			flipper = flip_ptr;
+		else if (strcmp(argv[i], "class"))
+			return 2;
+	}
 
 	memset(mem, 0, sizeof(mem));
+	memset(big, 0, sizeof(big));
+	*(uint64_t *)(big + 64) = 1ull << 30;
 	params.h_root = strtoul(argv[2], NULL, 0);
 	params.h_parent = strtoul(argv[3], NULL, 0);
 	params.h_class = class_a;

@@ -18,7 +18,9 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from tests.support import nvclient as nv
 from tests.support.guest import ROOT
+from tests.support.nvsim import Fds, GroupSampler, HeapSampler
 from tests.support.vgpud_proc import Daemon
 
 TENANT_UID = 1003
@@ -45,6 +47,46 @@ for _ in sys.stdin:
     r = nv.alloc_memory(fd, tree.client, tree.subdevice, 48 << 20)
     print(json.dumps([r.errno, r.status]), flush=True)
 """
+
+
+# A tenant that builds its tree through vgpu, then hands the fd to an attacker
+# binary (sys.argv[1], then its arguments after FD CLIENT PARENT): PARENT is
+# the device when the arguments say "groups", else the subdevice.
+RACER = r"""
+import os, subprocess, sys
+from tests.support import nvclient as nv
+fd = os.open("/dev/vgpu/nvidiactl", os.O_RDWR)
+tree = nv.build_tree(fd)
+parent = tree.device if "groups" in sys.argv else tree.subdevice
+out = subprocess.run([sys.argv[1], str(fd), str(tree.client), str(parent), *sys.argv[2:]],
+                     pass_fds=(fd,), capture_output=True, text=True, check=True).stdout
+print(out.strip())
+"""
+
+
+def race(nvsim: Path, *args: str, limit: int) -> tuple[dict[str, int], list[int]]:
+    """Runs the attacker `args` (its binary first) as the tenant (RACER) while
+    nvsim's holding for it is sampled: video memory in bytes, or with
+    "groups" channel groups. Prints the attacker's figures ("name N ...")
+    and the largest sample against `limit` (MiB, or groups); returns both."""
+    groups = "groups" in args
+    fds = Fds(nv.NvNodes(nvsim))
+    try:
+        with GroupSampler() if groups else HeapSampler(fds) as held:
+            tenant = spawn_tenant(f"import sys; sys.argv[1:] = {json.dumps(args)}\n{RACER}")
+            try:
+                out, err = tenant.communicate(timeout=900)
+            finally:
+                tenant.kill()
+            assert tenant.returncode == 0, err
+    finally:
+        fds.close_all()
+    unit, div = ("groups", 1) if groups else ("MiB", 1 << 20)
+    print(f"race: {out.strip()}; nvsim held for the tenant at most "
+          f"{max(held.samples) // div} {unit} in {len(held.samples)} samples, "
+          f"{held.samples[-1] // div} at the end (limit {limit})")
+    words = out.split()
+    return dict(zip(words[::2], map(int, words[1::2]), strict=True)), held.samples
 
 
 def ask(tenant: subprocess.Popen[str]) -> list[int]:

@@ -297,10 +297,12 @@ def rm_alloc(ctl: int, hroot: int, hparent: int, hnew: int, hclass: int,
              params_ptr: int | None = None, params_size: int | None = None) -> AllocResult:
     """RM_ALLOC with NVOS21 (32 B) or NVOS64 (48 B).
 
-    params_ptr/params_size override the pointer and size (for bad-input tests)."""
+    paramsSize is 0, as libcuda sends it: the driver reads the alloc params
+    by the size of their class (tests/data/traces/h200-*). params_ptr and
+    params_size override the pointer and that field (for bad-input tests)."""
     pb = cbuf(params) if params else None
     ptr = addr(pb) if params_ptr is None else params_ptr
-    psize = (len(params) if params else 0) if params_size is None else params_size
+    psize = 0 if params_size is None else params_size
     if size64:
         b = cbuf(NVOS64.pack(hroot, hparent, hnew, hclass, ptr, 0, psize, 0, 0))
     else:

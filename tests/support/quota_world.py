@@ -164,11 +164,12 @@ def _mem(size: int) -> bytes:
 
 
 def _alloc_params(client, parent, h_new, h_class, nvos, alloc, status=0) -> bytes:
-    size = 0 if alloc is None else len(alloc)
+    """NVOS21/NVOS64 as libcuda sends them: paramsSize 0 (the driver reads the
+    alloc params by their class's size; the module copies them so)."""
     ptr = 0 if alloc is None else 0x7F0000001000
     if nvos == 21:
-        return L.NVOS21.struct.pack(client, parent, h_new, h_class, ptr, size, status)
-    return L.NVOS64.struct.pack(client, parent, h_new, h_class, ptr, 0, size, 0, status)
+        return L.NVOS21.struct.pack(client, parent, h_new, h_class, ptr, 0, status)
+    return L.NVOS64.struct.pack(client, parent, h_new, h_class, ptr, 0, 0, 0, status)
 
 
 def setup_gpu(w: World, ctx: int, gpu: int = 0, uid: int = 1000,

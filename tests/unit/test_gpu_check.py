@@ -3,12 +3,14 @@ the PyTorch probe's verdicts against a stand-in torch."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -112,8 +114,81 @@ class FakeTorch:
         self.used += n
         return SimpleNamespace(fill_=lambda v: None)
 
+    def randn(self, *shape: int, device: str) -> FakeTensor:
+        return FakeTensor()
+
+    def isfinite(self, t: FakeTensor) -> FakeTensor:
+        return t
+
+
+class FakeTensor:
+    def __matmul__(self, other: FakeTensor) -> FakeTensor:
+        return self
+
+    def all(self) -> FakeTensor:
+        return self
+
+    def item(self) -> bool:
+        return True
+
+
+def test_torch_probe_asks_for_more_than_the_gpu_holds() -> None:
+    out = gpu_probe.torch_run(FakeTorch(4 * GIB))
+    assert out["oom_over_total"] is True and out["ok"] is True
+    assert "tried to allocate 5368709120" in out["error_over_total"]
+
 
 def test_quota_probe_verdicts() -> None:
     assert gpu_probe.quota_run(FakeTorch(2 * GIB))["ok"] is True  # 1 GiB fits, 3 more do not
     assert gpu_probe.quota_run(FakeTorch(512 << 20))["ok"] is False  # not even 1 GiB
     assert gpu_probe.quota_run(FakeTorch(8 * GIB))["ok"] is False  # no quota at all
+
+
+class FakeCuda:
+    """Enough of libcuda's driver API for the sizes probe: memory taken in
+    2 MiB pages from ``total`` bytes. Out-parameters arrive as ctypes.byref."""
+
+    PAGE = 2 << 20
+
+    def __init__(self, total: int) -> None:
+        self.total, self.used = total, 0
+        self.live: dict[int, int] = {}
+
+    def cuInit(self, flags: int) -> int:
+        return 0
+
+    def cuDeviceGet(self, dev: Any, ordinal: int) -> int:
+        return 0
+
+    def cuDevicePrimaryCtxRetain(self, ctx: Any, dev: Any) -> int:
+        return 0
+
+    def cuCtxSetCurrent(self, ctx: Any) -> int:
+        return 0
+
+    def cuMemGetInfo_v2(self, free: Any, total: Any) -> int:
+        free._obj.value, total._obj.value = self.total - self.used, self.total
+        return 0
+
+    def cuMemAlloc_v2(self, ptr: Any, size: ctypes.c_size_t) -> int:
+        took = -(-size.value // self.PAGE) * self.PAGE
+        if self.used + took > self.total:
+            return gpu_probe.CUDA_ERROR_OUT_OF_MEMORY
+        self.used += took
+        ptr._obj.value = 0x1000 + len(self.live)
+        self.live[ptr._obj.value] = took
+        return 0
+
+    def cuMemFree_v2(self, ptr: ctypes.c_uint64) -> int:
+        self.used -= self.live.pop(ptr.value)
+        return 0
+
+
+def test_sizes_probe_reports_what_each_size_takes() -> None:
+    cuda = FakeCuda(8 * GIB)
+    out = gpu_probe.sizes_run(cuda)
+    assert out["ok"] is True and out["rc_over_total"] == gpu_probe.CUDA_ERROR_OUT_OF_MEMORY
+    took = {a["size"]: a["took"] for a in out["allocs"]}
+    assert took[4096] == 2 << 20 and took[(2 << 20) + 1] == 4 << 20 and took[GIB] == GIB
+    assert cuda.used == 0  # every allocation freed
+    assert gpu_probe.sizes_run(FakeCuda(GIB))["ok"] is False  # 1 GiB did not fit

@@ -9,7 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vgpud.kernel.uapi import FILTER_OPEN, OFF_NONE, Node
+from vgpud.kernel.uapi import (
+    FILTER_OPEN,
+    OFF_NONE,
+    PARAMS_MAX,
+    RULE,
+    RULE_F_LEN_FIXED,
+    Node,
+    Rule,
+)
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Escape, NvClass, VidHeapFunction, ioc_nr, ioc_size, iowr
 from vgpud.nvidia.layouts import DecodeError, decode_call, status_offset
@@ -109,11 +117,44 @@ def test_ioctl_words() -> None:
 
 
 def test_alloc_rules() -> None:
+    """The alloc params are copied by the size of their class, as the driver
+    reads them, never by paramsSize (NVOS21 @24, NVOS64 @32)."""
     r21, r64 = rm_alloc_classes([0x40, 0x3F, 0x40])
     assert (r21.node_mask, r21.nr, r21.size) == (1 << Node.CTL, 0x2B, 32)
-    assert (r21.match_off, r21.ptr_off, r21.len_off) == (12, 16, 24)
-    assert (r64.size, r64.match_off, r64.ptr_off, r64.len_off) == (48, 12, 16, 32)
+    assert (r21.match_off, r21.ptr_off, r21.len_off, r21.data_size) == (12, 16, OFF_NONE, 128)
+    assert (r64.size, r64.match_off, r64.ptr_off, r64.len_off) == (48, 12, 16, OFF_NONE)
     assert r21.match == r64.match == (0x3F, 0x40)
+    assert r21.flags & RULE_F_LEN_FIXED and r64.data_size == 128
+
+
+def test_alloc_rules_one_pair_per_params_size() -> None:
+    """Classes of different alloc params get a pair of rules each; classes
+    whose params vgpud does not know get a pair that copies nothing."""
+    rules = rm_alloc_classes([NvClass.ROOT_CLIENT, NvClass.DEVICE_0, 0x40,
+                              NvClass.SUBDEVICE_0, 0x3F])
+    by_size = {(r.size, r.data_size): r.match for r in rules}
+    assert by_size == {
+        (32, 0): (NvClass.ROOT_CLIENT, NvClass.SUBDEVICE_0),
+        (48, 0): (NvClass.ROOT_CLIENT, NvClass.SUBDEVICE_0),
+        (32, 56): (NvClass.DEVICE_0,), (48, 56): (NvClass.DEVICE_0,),
+        (32, 128): (0x3F, 0x40), (48, 128): (0x3F, 0x40),
+    }
+    assert all(r.ptr_off == OFF_NONE for r in rules if not r.data_size)
+    # Every rule names its classes: none of them selects every RM_ALLOC.
+    assert all(r.match for r in rules)
+
+
+def test_fixed_length_rules_round_trip_the_wire() -> None:
+    (rule, _) = rm_alloc_classes([0x40], post=True, shadow=True)
+    raw = rule.pack()
+    assert struct.unpack_from("=I", raw, RULE.offsets["len_off"])[0] == 128
+    assert Rule.unpack(raw) == rule
+    with pytest.raises(ValueError):
+        Rule(node_mask=1, nr=0x2B, size=32, ptr_off=16, len_off=24, data_size=128)
+    with pytest.raises(ValueError):
+        Rule(node_mask=1, nr=0x2B, size=32, data_size=128)
+    with pytest.raises(ValueError):
+        Rule(node_mask=1, nr=0x2B, size=32, ptr_off=16, data_size=PARAMS_MAX + 1)
 
 
 def test_control_rule() -> None:

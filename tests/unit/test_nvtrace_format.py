@@ -82,7 +82,7 @@ def sample() -> bytes:
 def test_round_trip() -> None:
     t = fmt.parse(sample())
     h = t.header
-    assert (h.pid, h.ppid, h.realtime_ns, h.monotonic_ns, h.max_block, h.uvm_window) == \
+    assert (h.pid, h.ppid, h.realtime_ns, h.monotonic_ns, h.max_block, h.window) == \
         (77, 1, 5, 6, 4096, 64)
     assert h.value(Meta.DRIVER) == "NVRM x"
     assert h.values(Meta.GPU) == ["A", "B"]
@@ -118,7 +118,7 @@ def test_incomplete_tail_is_reported_not_fatal() -> None:
 
 @pytest.mark.parametrize(("mutate", "match"), [
     (lambda b: b"NOTTRACE" + b[8:], "magic"),
-    (lambda b: b[:8] + b"\x02\x00" + b[10:], "version 2"),
+    (lambda b: b[:8] + b"\x03\x00" + b[10:], "version 3"),
     (lambda b: b[:12] + b"\x03\x00\x00\x00" + b[16:], "meta_size"),
     (lambda b: b[:20], "magic"),
 ])

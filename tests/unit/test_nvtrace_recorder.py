@@ -77,8 +77,9 @@ def test_params_nested_buffers_and_the_callers_result(lib: Path, tmp_path: Path)
     (trace,) = record(lib, tmp_path, """
         fd = os.open(D + "/nvidiactl", os.O_RDWR)
         alloc_params = ctypes.create_string_buffer(bytes(range(128)), 128)
+        # paramsSize 0, as libcuda sends it: the driver takes the size from the class.
         p = ctypes.create_string_buffer(struct.pack("=IIIIQII", 1, 2, 0, 0x40,
-                                        ctypes.addressof(alloc_params), 128, 0), 32)
+                                        ctypes.addressof(alloc_params), 0, 0), 32)
         assert ioctl(fd, iowr(0x2B, 32), ctypes.addressof(p)) == (-1, errno.ENOTTY)
         ctrl = ctypes.create_string_buffer(b"C" * 24, 24)
         p54 = ctypes.create_string_buffer(struct.pack("=IIIIQII", 1, 2, 0x20801303, 0,
@@ -99,6 +100,9 @@ def test_params_nested_buffers_and_the_callers_result(lib: Path, tmp_path: Path)
     alloc, ctrl, bad, bad_arg = ioctls(trace)
     assert (alloc.nr, alloc.xfer, alloc.err, alloc.ret) == (0x2B, False, 25, -1)
     assert some(alloc.params_in)[12:16] == (0x40).to_bytes(4, "little")
+    # The alloc params: a window of NVTRACE_WINDOW bytes whatever paramsSize
+    # says, read as the driver reads them: the 128 bytes of their class.
+    assert some(alloc.record.block(Tag.PTR)).want == trace.header.window == 4096
     assert alloc.data_in is not None and alloc.data_in.data == bytes(range(128))
     assert alloc.data_out is not None and alloc.data_out.data == bytes(range(128))
     assert (ctrl.nr, ctrl.xfer) == (0x2A, True)
@@ -109,7 +113,7 @@ def test_params_nested_buffers_and_the_callers_result(lib: Path, tmp_path: Path)
     assert [r.kind for r in trace.records][-1] == Kind.CLOSE
 
 
-def test_uvm_window_mmap_dup_and_truncation(lib: Path, tmp_path: Path) -> None:
+def test_window_mmap_dup_and_truncation(lib: Path, tmp_path: Path) -> None:
     (trace,) = record(lib, tmp_path, """
         import mmap
         uvm = os.open(D + "/nvidia-uvm", os.O_RDWR)
@@ -121,7 +125,7 @@ def test_uvm_window_mmap_dup_and_truncation(lib: Path, tmp_path: Path) -> None:
         big = ctypes.create_string_buffer(32)
         ioctl(50, iowr(0x2A, 32), ctypes.addressof(big))
         os.close(50)
-    """, NVTRACE_UVM_WINDOW="48", NVTRACE_MAX_BLOCK="16")
+    """, NVTRACE_WINDOW="48", NVTRACE_MAX_BLOCK="16")
     evs = list(events(trace))
     uvm_call = next(ev for ev in evs if isinstance(ev, Ioctl) and ev.node.name == "nvidia-uvm")
     assert uvm_call.nr == 0x30000001 and not uvm_call.nvidia
@@ -134,7 +138,7 @@ def test_uvm_window_mmap_dup_and_truncation(lib: Path, tmp_path: Path) -> None:
     call50 = next(ev for ev in evs if isinstance(ev, Ioctl) and ev.fd == 50)
     assert call50.params_in is None and some(call50.record.block(Tag.ARG)).trunc
     assert any(r.kind == Kind.CLOSE and r.fd == 50 for r in trace.records)
-    assert trace.header.uvm_window == 48 and trace.header.max_block == 16
+    assert trace.header.window == 48 and trace.header.max_block == 16
 
 
 def test_threads_records_stay_whole(lib: Path, tmp_path: Path) -> None:

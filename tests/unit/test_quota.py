@@ -21,7 +21,6 @@ from vgpud.kernel.uapi import (
     OFF_NONE,
     UPCALL_F_DATA2_BIG,
     UPCALL_F_DATA2_FAULT,
-    UPCALL_F_DATA_BIG,
     UPCALL_F_DATA_FAULT,
     Context,
     Node,
@@ -51,8 +50,14 @@ def test_filter() -> None:
     by_nr: dict[tuple[int, int], Rule] = {}  # the first rule of each escape and size
     for r in filt.rules:
         by_nr.setdefault((r.nr, r.size), r)
-    assert set(by_nr[Escape.RM_ALLOC, 32].match) == {0x41, 0x80, 0x2080, 0x40, 0x3F}
-    assert set(by_nr[Escape.RM_ALLOC, 48].match) == {0x41, 0x80, 0x2080, 0x40, 0x3F}
+    # The tree and the charged classes first, one rule per alloc params size
+    # (none for the client and the subdevice, the device's, the memory's), of
+    # NVOS21 and NVOS64 both.
+    for size in (32, 48):
+        first = [r for r in filt.rules if r.nr == Escape.RM_ALLOC and r.size == size][:3]
+        assert set().union(*(r.match for r in first)) == {0x41, 0x80, 0x2080, 0x40, 0x3F}
+        assert [r.data_size for r in first] == [0, L.NV0080_ALLOC_PARAMETERS.size,
+                                                L.NV_MEMORY_ALLOCATION_PARAMS.size]
     assert by_nr[Escape.RM_FREE, 16].match == ()
     assert (Escape.RM_DUP_OBJECT, 28) in by_nr
     assert by_nr[Escape.RM_ALLOC_MEMORY, 56].node_mask == 1 << Node.GPU
@@ -515,7 +520,6 @@ def test_restart_without_a_tenant_refuses(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("flags", "alloc", "status"), [
     (UPCALL_F_DATA_FAULT, None, NvStatus.INVALID_ADDRESS),
-    (UPCALL_F_DATA_BIG, None, NvStatus.INVALID_PARAM_STRUCT),
     (0, None, NvStatus.INVALID_ARGUMENT),
     (0, b"\0" * 100, NvStatus.INVALID_PARAM_STRUCT),
 ])

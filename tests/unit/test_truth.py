@@ -29,8 +29,8 @@ from vgpud.kernel.uapi import (
 )
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED, Escape, NvStatus
+from vgpud.nvidia.pages import granule
 from vgpud.policy.handles import GENERATED_HANDLES
-from vgpud.policy.quota import granule
 
 MIB = 2**20
 GIB = 2**30

@@ -90,11 +90,8 @@ def test_alloc_errors(nvsim_env, ctl):
         (nv.rm_alloc(ctl, c, 0x0BAD0BAD, 0, nv.NV20_SUBDEVICE_0, None),
          nv.NV_ERR_INVALID_OBJECT_PARENT),
         (nv.rm_alloc(ctl, c, c, s, nv.NV01_DEVICE_0, dp), nv.NV_ERR_INSERT_DUPLICATE_NAME),
-        (nv.rm_alloc(ctl, c, c, 0, nv.NV01_DEVICE_0, dp + b"\0"), nv.NV_ERR_INVALID_PARAM_STRUCT),
         (nv.rm_alloc(ctl, c, c, 0, nv.NV01_DEVICE_0, None), nv.NV_ERR_INVALID_ARGUMENT),
         (nv.rm_alloc(ctl, c, c, 0, nv.NV01_DEVICE_0, None, params_size=56),
-         nv.NV_ERR_INVALID_ARGUMENT),
-        (nv.rm_alloc(ctl, c, c, 0, nv.NV01_DEVICE_0, dp, params_size=0),
          nv.NV_ERR_INVALID_ARGUMENT),
         (nv.rm_alloc(ctl, c, c, 0, nv.NV01_DEVICE_0, None, params_ptr=BAD_PTR, params_size=56),
          nv.NV_ERR_INVALID_ADDRESS),
@@ -110,8 +107,8 @@ def test_alloc_errors(nvsim_env, ctl):
         (nv.rm_alloc(ctl, c, d, 0, nv.NV01_DEVICE_0, dp), nv.NV_ERR_INVALID_OBJECT_PARENT),
         (nv.alloc_memory(ctl, c, c, MIB), nv.NV_ERR_INVALID_OBJECT_PARENT),
         (nv.alloc_memory(ctl, c, d, 0), nv.NV_ERR_INVALID_ARGUMENT),
-        (nv.rm_alloc(ctl, c, d, 0, nv.NV01_MEMORY_LOCAL_USER, b"\0" * 64),
-         nv.NV_ERR_INVALID_PARAM_STRUCT),
+        (nv.rm_alloc(ctl, c, d, 0, nv.NV01_MEMORY_LOCAL_USER, None, params_ptr=BAD_PTR),
+         nv.NV_ERR_INVALID_ADDRESS),
         (nv.rm_alloc(ctl, c, s, 0, nv.KEPLER_CHANNEL_GROUP_A, None),
          nv.NV_ERR_INVALID_OBJECT_PARENT),
     ]
@@ -120,6 +117,24 @@ def test_alloc_errors(nvsim_env, ctl):
     # Memory may hang off the subdevice too; the capacity is untouched by failures.
     assert nv.alloc_memory(ctl, c, s, MIB).status == nv.NV_OK
     assert heap_free(ctl, t) == nvsim_env.capacity_kib - 1024
+
+
+@pytest.mark.parametrize("size64", [False, True], ids=["NVOS21", "NVOS64"])
+def test_alloc_params_are_read_by_their_class_size(nvsim_env, ctl, size64):
+    """As the driver (serverAllocApiCopyIn): alloc params are read by the size
+    their class takes; NVOS21/NVOS64 paramsSize is never looked at (libcuda
+    leaves it 0, tests/data/traces/h200-*). The results are written back by
+    that size too."""
+    t = nv.build_tree(ctl)
+    for psize in (0, 8, 127, 129, 0xFFFFFFFF):
+        r = nv.alloc_memory(ctl, t.client, t.device, 3 * MIB, size64=size64,
+                            params_size=psize)
+        assert (psize, r.errno, r.status) == (psize, 0, nv.NV_OK)
+        assert r.params is not None and nv.memory_result(r.params)["size"] == 3 * MIB
+    assert heap_free(ctl, t) == nvsim_env.capacity_kib - 5 * 3 * 1024
+    dev = nv.rm_alloc(ctl, t.client, t.client, 0, nv.NV01_DEVICE_0, nv.device_params(0),
+                      size64=size64, params_size=57)
+    assert (dev.errno, dev.status) == (0, nv.NV_OK)
 
 
 def test_clients_belong_to_their_file(fds):

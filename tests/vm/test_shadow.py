@@ -71,7 +71,7 @@ MiB = 1 << 20
 SMALL = 4 * MiB  # what the caller asks for, and the daemon checks
 HUGE = 2048 * MiB  # what a racing thread writes: fits a 4 GiB nvsim GPU
 SIZE_OFF = nv.MEM_ALLOC_SIZE_OFF
-RULE_POST, RULE_SHADOW = 1, 2
+RULE_POST, RULE_SHADOW, RULE_LEN_FIXED = 1, 2, 4
 PAGE = mmap.PAGESIZE
 VID_SIZE_OFF = 88  # NVOS32 data.AllocSize.size
 
@@ -124,8 +124,10 @@ def poke_u64(addr: int, value: int) -> None:
 
 
 def alloc_rule(flags: int) -> bytes:
-    """RM_ALLOC (NVOS21) of class 0x40, NV_MEMORY_ALLOCATION_PARAMS as data."""
-    return rule(CTL, nv.ESC_RM_ALLOC, 32, 12, (0x40,), ptr_off=16, len_off=24, flags=flags)
+    """RM_ALLOC (NVOS21) of class 0x40, NV_MEMORY_ALLOCATION_PARAMS as data: the
+    128 bytes the driver reads for the class (VGPU_RULE_F_LEN_FIXED), as vgpud's."""
+    return rule(CTL, nv.ESC_RM_ALLOC, 32, 12, (0x40,), ptr_off=16, len_off=nv.MEM_ALLOC.size,
+                flags=flags | RULE_LEN_FIXED)
 
 
 class Alloc:
@@ -135,8 +137,9 @@ class Alloc:
 
     def __init__(self, fd: int, tree: nv.Tree, size: int, xfer: bool = False) -> None:
         self.mem = nv.cbuf(nv.memory_params(size))
+        # paramsSize 0, as libcuda sends it.
         self.params = nv.cbuf(nv.NVOS21.pack(tree.client, tree.device, 0, 0x40,
-                                             nv.addr(self.mem), nv.MEM_ALLOC.size, 0xFFFF))
+                                             nv.addr(self.mem), 0, 0xFFFF))
         if xfer:
             self.xfer = nv.cbuf(nv.XFER.pack(nv.ESC_RM_ALLOC, 32, nv.addr(self.params)))
             cmd, arg = nv.ioc(nv.ESC_IOCTL_XFER_CMD, 16), self.xfer
@@ -507,8 +510,16 @@ def test_filter_validation(env: Env) -> None:
             g.set_filter([rule(1 << NODE_UVM, 1, 0, flags=RULE_SHADOW)])
         assert e.value.errno == errno.EINVAL and "size" in e.value.msg
         with pytest.raises(NlError) as e:
-            g.set_filter([rule(CTL, nv.ESC_RM_ALLOC, 32, flags=4)])
+            g.set_filter([rule(CTL, nv.ESC_RM_ALLOC, 32, flags=8)])
         assert "flags" in e.value.msg
+        # A fixed length needs a pointer, and is 1..VGPU_PARAMS_MAX.
+        for bad in (rule(CTL, nv.ESC_RM_ALLOC, 32, flags=RULE_LEN_FIXED, len_off=128),
+                    rule(CTL, nv.ESC_RM_ALLOC, 32, ptr_off=16, len_off=0, flags=RULE_LEN_FIXED),
+                    rule(CTL, nv.ESC_RM_ALLOC, 32, ptr_off=16, len_off=16385,
+                         flags=RULE_LEN_FIXED)):
+            with pytest.raises(NlError) as e:
+                g.set_filter([bad])
+            assert e.value.errno == errno.EINVAL and "fixed" in e.value.msg.lower()
         g.set_filter([rule(1 << NODE_UVM, 1, 16, flags=RULE_SHADOW), alloc_rule(RULE_SHADOW)])
     finally:
         g.close()

@@ -112,7 +112,7 @@ def test_filter_validation(vg: Env) -> None:
         bad = [
             rule(0, RM_ALLOC),
             rule(1 << 3, RM_ALLOC),
-            rule(ctl, RM_ALLOC, flags=4),  # POST 1, SHADOW 2, no more
+            rule(ctl, RM_ALLOC, flags=8),  # POST 1, SHADOW 2, LEN_FIXED 4, no more
             rule(ctl, RM_ALLOC, 0, 12, (0x40,), n_match=33),
             rule(ctl, RM_ALLOC, 32, 29, (0x40,)),
             rule(ctl, RM_ALLOC, 32, ptr_off=28, len_off=24),

@@ -50,6 +50,10 @@ pytestmark = pytest.mark.vm
 
 # RM_ALLOC of class 0x40, with the alloc-params buffer (ptr@16, len@24) as data.
 ALLOC40_DATA = rule(CTL, RM_ALLOC, 32, 12, (0x40,), ptr_off=16, len_off=24)
+# The same with NV_MEMORY_ALLOCATION_PARAMS as data, as vgpud's rule: the 128
+# bytes the driver reads for the class (VGPU_RULE_F_LEN_FIXED, 4), whatever
+# paramsSize says (nvclient sends 0, as libcuda).
+ALLOC40_CLASS = rule(CTL, RM_ALLOC, 32, 12, (0x40,), ptr_off=16, len_off=128, flags=4)
 
 
 def test_reply_verdict(vg: Env) -> None:
@@ -156,7 +160,7 @@ def test_allow_names_the_params_the_driver_reads(vg: Env) -> None:
     ctl = vg.open()
     try:
         t = nv.build_tree(ctl)
-        with daemon([ALLOC40_DATA]) as g:
+        with daemon([ALLOC40_CLASS]) as g:
             c = Call(nv.alloc_memory, ctl, t.client, t.subdevice, 1 << 20, hclass=0x40)
             hdr, attrs = g.next_upcall()
             h_root, h_parent, h_new, h_class, _, size, _ = NVOS21.unpack(attrs[A_PARAMS])

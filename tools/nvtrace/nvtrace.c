@@ -10,8 +10,9 @@
  *                       COMM-PID.nvtrace, COMM-PID.N.nvtrace after an exec
  *   NVTRACE_PREFIXES    ':'-separated path prefixes (default "/dev/nvidia")
  *   NVTRACE_MAX_BLOCK   largest block copied, bytes (default 1 MiB)
- *   NVTRACE_UVM_WINDOW  bytes copied at the argument of an nvidia-uvm call,
- *                       whose size its command does not tell (default 4096)
+ *   NVTRACE_WINDOW      bytes copied where the call does not tell the size:
+ *                       an nvidia-uvm call's argument, the alloc params an
+ *                       RM_ALLOC points to (default 4096)
  *
  * An NVIDIA escape's params are _IOC_SIZE bytes at the argument; an
  * IOCTL_XFER_CMD wrapper's payload and the buffer an RM_ALLOC or RM_CONTROL
@@ -73,7 +74,7 @@ static struct {
 	char prefixes[MAX_PREFIXES][PATH_MAX];
 	int nprefixes;
 	uint32_t max_block;
-	uint32_t uvm_window;
+	uint32_t window;
 } nvt = {
 	.once = PTHREAD_ONCE_INIT,
 	.lock = PTHREAD_MUTEX_INITIALIZER,
@@ -171,7 +172,7 @@ static void nvt_setup(void)
 	snprintf(nvt.dir, sizeof(nvt.dir), "%s", dir && *dir ? dir : ".");
 	parse_prefixes(prefixes && *prefixes ? prefixes : "/dev/nvidia");
 	nvt.max_block = env_u32("NVTRACE_MAX_BLOCK", 1u << 20);
-	nvt.uvm_window = env_u32("NVTRACE_UVM_WINDOW", 4096);
+	nvt.window = env_u32("NVTRACE_WINDOW", 4096);
 	atomic_store(&nvt.pid, getpid());
 	probe_copy();
 	pthread_atfork(NULL, NULL, child_after_fork);
@@ -459,7 +460,7 @@ static int write_header(int fd)
 		.realtime_ns = now_ns(CLOCK_REALTIME),
 		.monotonic_ns = now_ns(CLOCK_MONOTONIC),
 		.max_block = nvt.max_block,
-		.uvm_window = nvt.uvm_window,
+		.window = nvt.window,
 		.flags = atomic_load(&nvt.unsafe_copy) ? NVTRACE_H_UNSAFE_COPY : 0,
 	};
 	int ret;
@@ -717,7 +718,12 @@ static void note_dup(int old, int fd, enum fd_kind replaced)
 
 /* --- ioctl and mmap ------------------------------------------------------ */
 
-/* The buffer an RM_ALLOC or RM_CONTROL params block points to. */
+/*
+ * The buffer an RM_ALLOC or RM_CONTROL params block points to. The driver
+ * reads a control's params by its paramsSize, but an allocation's by the
+ * size its class takes, whatever paramsSize says (libcuda leaves it 0): a
+ * window, up to the first unreadable page.
+ */
 static void add_nested(struct rec *r, uint32_t nr, const struct block *p)
 {
 	uint64_t ptr = 0;
@@ -725,7 +731,7 @@ static void add_nested(struct rec *r, uint32_t nr, const struct block *p)
 
 	if (nr == ESC_RM_ALLOC && (whole(p, 32) || whole(p, 48))) {
 		ptr = get_u64(p, 16);
-		len = get_u32(p, p->h.len == 32 ? 24 : 32);
+		len = nvt.window;
 	} else if (nr == ESC_RM_CONTROL && whole(p, 32)) {
 		ptr = get_u64(p, 16);
 		len = get_u32(p, 24);
@@ -738,7 +744,7 @@ static void add_nested(struct rec *r, uint32_t nr, const struct block *p)
 static void blocks_in(struct rec *r, enum fd_kind kind, unsigned long req,
 		      void *argp)
 {
-	uint32_t size = kind == FD_UVM ? nvt.uvm_window : _IOC_SIZE(req);
+	uint32_t size = kind == FD_UVM ? nvt.window : _IOC_SIZE(req);
 	uint32_t nr = _IOC_NR(req);
 	struct block *p;
 	uint64_t ptr;

@@ -14,6 +14,9 @@
  *
  * Version history (append-only: a reader refuses a version it does not know):
  *   1  first version
+ *   2  an RM_ALLOC's alloc params block is a window of `window` bytes (up to
+ *      the first unreadable page), not paramsSize bytes: the driver takes
+ *      the size from the object class
  */
 #ifndef NVTRACE_H
 #define NVTRACE_H
@@ -21,7 +24,7 @@
 #include <stdint.h>
 
 #define NVTRACE_MAGIC		"NVTRACE"	/* 8 bytes with its NUL */
-#define NVTRACE_VERSION		1
+#define NVTRACE_VERSION		2
 
 /* Header flags. */
 #define NVTRACE_H_UNSAFE_COPY	(1u << 0)	/* process_vm_readv refused: memcpy */
@@ -37,7 +40,7 @@ struct nvtrace_header {
 	uint64_t monotonic_ns;	/* CLOCK_MONOTONIC at the same moment */
 	uint32_t flags;		/* NVTRACE_H_* */
 	uint32_t max_block;	/* largest block copied (bytes) */
-	uint32_t uvm_window;	/* bytes copied for an nvidia-uvm call */
+	uint32_t window;	/* bytes copied where the call has no size */
 	uint32_t reserved;
 };
 

@@ -1,4 +1,4 @@
-"""Mirror of kmod/include/uapi/linux/vgpu.h (protocol v5).
+"""Mirror of kmod/include/uapi/linux/vgpu.h (protocol v6).
 
 Kept in agreement with the header by tests/unit/test_uapi_header.py (values)
 and tests/unit/test_uapi_layout.py (sizes and offsets, from gcc).
@@ -15,7 +15,7 @@ from vgpud.kernel.cstruct import CStruct
 
 GENL_NAME = "vgpu"
 GENL_VERSION = 1
-PROTO_VERSION = 5
+PROTO_VERSION = 6
 
 OFF_NONE = 0xFFFFFFFF
 RULE_MATCH_MAX = 32
@@ -24,6 +24,7 @@ PARAMS_MAX = 16384
 
 RULE_F_POST = 1 << 0  # a POST event after each allowed call the rule selects
 RULE_F_SHADOW = 1 << 1  # the driver reads the module's checked copy of the blocks
+RULE_F_LEN_FIXED = 1 << 2  # v6: len_off is the buffer's length, not an offset
 FILTER_OPEN = 1 << 0
 FILTER_UVM_MMAP = 1 << 1
 
@@ -283,14 +284,22 @@ class Rule:
     match: tuple[int, ...] = ()
     post: bool = False  # VGPU_RULE_F_POST: the policy needs the call's result
     shadow: bool = False  # VGPU_RULE_F_SHADOW: the driver reads the checked blocks
+    # VGPU_RULE_F_LEN_FIXED: the buffer at ptr_off is this long (sent in
+    # len_off's place), the size the driver reads whatever the params say.
+    data_size: int = 0
 
     def __post_init__(self) -> None:
+        if self.data_size:
+            if self.ptr_off == OFF_NONE or self.len_off != OFF_NONE:
+                raise ValueError("a fixed data_size needs ptr_off and no len_off")
+            if not 0 < self.data_size <= PARAMS_MAX:
+                raise ValueError(f"data_size must be 1..{PARAMS_MAX}")
+        elif (self.ptr_off == OFF_NONE) != (self.len_off == OFF_NONE):
+            raise ValueError("ptr_off and len_off go together")
         if len(self.match) > RULE_MATCH_MAX:
             raise ValueError(f"a rule matches at most {RULE_MATCH_MAX} values")
         if self.match and self.match_off == OFF_NONE:
             raise ValueError("match values need a match_off")
-        if (self.ptr_off == OFF_NONE) != (self.len_off == OFF_NONE):
-            raise ValueError("ptr_off and len_off go together")
         if self.shadow and self.node_mask & (1 << Node.UVM) and not self.size:
             raise ValueError("a shadow rule on the UVM node needs the params size")
 
@@ -298,21 +307,24 @@ class Rule:
         match = self.match + (0,) * (RULE_MATCH_MAX - len(self.match))
         return RULE.struct.pack(
             self.node_mask, self.nr, self.size, self.match_off, self.ptr_off,
-            self.len_off, len(self.match), self.flags, *match,
+            self.data_size or self.len_off, len(self.match), self.flags, *match,
         )
 
     @property
     def flags(self) -> int:
         """VGPU_RULE_F_* of the rule."""
-        return (RULE_F_POST if self.post else 0) | (RULE_F_SHADOW if self.shadow else 0)
+        return ((RULE_F_POST if self.post else 0) | (RULE_F_SHADOW if self.shadow else 0)
+                | (RULE_F_LEN_FIXED if self.data_size else 0))
 
     @classmethod
     def unpack(cls, buf: bytes | memoryview) -> Rule:
         node_mask, nr, size, match_off, ptr_off, len_off, n_match, flags, *match = (
             RULE.unpack_exact(buf)
         )
-        return cls(node_mask, nr, size, match_off, ptr_off, len_off, tuple(match[:n_match]),
-                   bool(flags & RULE_F_POST), bool(flags & RULE_F_SHADOW))
+        fixed = bool(flags & RULE_F_LEN_FIXED)
+        return cls(node_mask, nr, size, match_off, ptr_off, OFF_NONE if fixed else len_off,
+                   tuple(match[:n_match]), bool(flags & RULE_F_POST),
+                   bool(flags & RULE_F_SHADOW), len_off if fixed else 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from vgpud.nvidia.escapes import (
 
 __all__ = [
     "ALLOCATING_FUNCTIONS",
+    "ALLOC_PARAMS",
     "Call",
     "DecodeError",
     "DeviceAllocParams",
@@ -140,6 +141,15 @@ NV0080_ALLOC_PARAMETERS = CStruct(
     ("hTargetDevice", "I"), ("flags", "I"), (None, "4x"), ("vaSpaceSize", "Q"),
     ("vaStartInternal", "Q"), ("vaLimitInternal", "Q"), ("vaMode", "I"), (None, "4x"),
 )
+
+# The alloc params RM_ALLOC reads for a class, of the classes vgpud decides on
+# their params. The driver takes their size from the class (its resource
+# list, rmapiGetClassAllocParamSize) and never reads NVOS21/NVOS64
+# paramsSize, which libcuda leaves 0 (docs/hardware.md).
+ALLOC_PARAMS: Mapping[int, CStruct] = {
+    NvClass.DEVICE_0: NV0080_ALLOC_PARAMETERS,
+    **dict.fromkeys(DEVICE_MEMORY_CLASSES, NV_MEMORY_ALLOCATION_PARAMS),
+}
 
 # NV2080_CTRL_FB_INFO: one {index, data} entry of an FB_GET_INFO(_V2) list.
 FB_INFO_ENTRY = CStruct("NV2080_CTRL_FB_INFO", ("index", "I"), ("data", "I"))

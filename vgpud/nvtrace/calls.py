@@ -5,7 +5,9 @@ OPEN and CLOSE records to know the path behind each fd, and yields Opened,
 Closed, Ioctl and Mmap events. An Ioctl carries the escape after
 IOCTL_XFER_CMD unwrapping (the number vgpu's filter and vgpud's decoders
 use), the params before and after the call, and the buffer the params point
-to (alloc params, control params) before and after.
+to (alloc params, control params) before and after: of an allocation, the
+bytes the driver reads for its class (ALLOC_PARAMS), cut from the window the
+recorder copies.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from vgpud.nvidia import layouts as L
@@ -145,6 +147,19 @@ def _whole(block: Block | None) -> bytes | None:
     return block.data if block is not None and block.whole else None
 
 
+def _class_params(params: bytes | None, block: Block | None) -> Block | None:
+    """An RM_ALLOC's alloc params block as the driver reads it: the size its
+    class takes, when the recorder's window covers it (format 2 copies a
+    window; format 1 copied paramsSize bytes, which the driver ignores)."""
+    if block is None or params is None or len(params) not in (L.NVOS21.size, L.NVOS64.size):
+        return block
+    layout = L.ALLOC_PARAMS.get(_U32.unpack_from(params, L.NVOS21.offsets["hClass"])[0])
+    if layout is None or len(block.data) < layout.size:
+        return block
+    return replace(block, want=layout.size, data=block.data[:layout.size], fault=False,
+                   trunc=False)
+
+
 def _ioctl(r: Record, node: Node) -> Ioctl:
     request = r.args[0]
     nvidia = node.kind is not NodeKind.UVM and (request >> 8) & 0xFF == IOCTL_MAGIC
@@ -160,8 +175,11 @@ def _ioctl(r: Record, node: Node) -> Ioctl:
     if nr == Escape.IOCTL_XFER_CMD and params_in is not None and len(params_in) == _XFER.size:
         nr, xfer = _XFER.unpack(params_in)[0], True
         params_in, params_out = _whole(r.block(Tag.XFER)), _whole(r.block(Tag.XFER, out=True))
+    data_in, data_out = r.block(Tag.PTR), r.block(Tag.PTR, out=True)
+    if nr == Escape.RM_ALLOC:
+        data_in, data_out = _class_params(params_in, data_in), _class_params(params_in, data_out)
     return Ioctl(r, r.fd, node, request, nr, xfer, True, params_in, params_out,
-                 r.block(Tag.PTR), r.block(Tag.PTR, out=True))
+                 data_in, data_out)
 
 
 def _mmap(r: Record, node: Node) -> Mmap:

@@ -32,10 +32,10 @@ from vgpud.nvidia.layouts import (
     VidHeapControl,
     decode_call,
 )
+from vgpud.nvidia.pages import PAGE_SIZE, granule, page_round
 from vgpud.nvtrace.calls import Ioctl, NodeKind, events
 from vgpud.nvtrace.fmt import Block, Meta, Trace
 from vgpud.nvtrace.ledger import LedgerResult, PolicyReplay
-from vgpud.nvtrace.model import page_round
 from vgpud.nvtrace.nvsim_src import NvsimModel
 from vgpud.nvtrace.report import Finding, Row, format_rows, inventory_keys, row_name
 from vgpud.nvtrace.vgpud_api import QuotaStackMissing, quota_stack
@@ -53,10 +53,11 @@ class Allocation:
     what: str  # escape and class
     asked: int
     returned: int
+    granule: int = PAGE_SIZE  # what the policy rounds the size asked up to
 
     @property
     def charged(self) -> int:
-        return page_round(self.asked)
+        return page_round(self.asked, self.granule)
 
     @property
     def matches(self) -> bool:
@@ -170,23 +171,26 @@ def _decode(res: CheckResult, trace: Trace, ev: Ioctl, row: Row) -> None:
         _size(res, trace, ev, call_in, call_out)
 
 
-def _asked_returned(call_in: Call, call_out: Call | None) -> tuple[str, int, int] | None:
-    """A memory allocation's size asked and size returned; None for other calls."""
+def _asked_returned(call_in: Call, call_out: Call | None) -> tuple[str, int, int, int] | None:
+    """A memory allocation's size asked, size returned and the granule the
+    policy rounds it up to; None for other calls."""
     if isinstance(call_in, RmAlloc) and call_in.h_class in DEVICE_MEMORY_CLASSES:
         a_in = call_in.alloc
         a_out = call_out.alloc if isinstance(call_out, RmAlloc) else None
         if isinstance(a_in, MemoryAllocParams):
             got = a_out.size if isinstance(a_out, MemoryAllocParams) else -1
-            return f"RM_ALLOC class {call_in.h_class:#x}", a_in.size, got
-        return f"RM_ALLOC class {call_in.h_class:#x} (alloc params not recorded)", -1, -1
+            return (f"RM_ALLOC class {call_in.h_class:#x}", a_in.size, got,
+                    granule(a_in.attr, a_in.attr2, a_in.alignment))
+        return f"RM_ALLOC class {call_in.h_class:#x} (alloc params not recorded)", -1, -1, 1
     if isinstance(call_in, RmAllocMemory) and call_in.h_class in DEVICE_MEMORY_CLASSES:
         got = call_out.limit + 1 if isinstance(call_out, RmAllocMemory) else -1
-        return f"RM_ALLOC_MEMORY class {call_in.h_class:#x}", call_in.limit + 1, got
+        return f"RM_ALLOC_MEMORY class {call_in.h_class:#x}", call_in.limit + 1, got, PAGE_SIZE
     if (isinstance(call_in, VidHeapControl) and call_in.function == VidHeapFunction.ALLOC_SIZE
             and call_in.alloc is not None
             and not call_in.alloc.flags & NVOS32_ALLOC_FLAGS_VIRTUAL):
-        out = call_out.alloc if isinstance(call_out, VidHeapControl) else None
-        return "RM_VID_HEAP_CONTROL ALLOC_SIZE", call_in.alloc.size, out.size if out else -1
+        a, out = call_in.alloc, call_out.alloc if isinstance(call_out, VidHeapControl) else None
+        return ("RM_VID_HEAP_CONTROL ALLOC_SIZE", a.size, out.size if out else -1,
+                granule(a.attr, a.attr2, a.alignment))
     return None
 
 
@@ -195,8 +199,8 @@ def _size(res: CheckResult, trace: Trace, ev: Ioctl, call_in: Call,
     found = _asked_returned(call_in, call_out)
     if found is None:
         return
-    what, asked, returned = found
-    alloc = Allocation(trace.name, ev.seq, what, asked, returned)
+    what, asked, returned, rounding = found
+    alloc = Allocation(trace.name, ev.seq, what, asked, returned, rounding)
     res.allocations.append(alloc)
     if asked < 0 or returned < 0:
         _find(res, trace, ev, f"{what}: size not recorded")

@@ -37,7 +37,10 @@ __all__ = [
 ]
 
 MAGIC = b"NVTRACE\0"
-VERSION = 1
+VERSION = 2
+# Versions this reader takes: 1 copied an RM_ALLOC's alloc params by its
+# paramsSize, 2 a window of Header.window bytes (tools/nvtrace/nvtrace.h).
+VERSIONS = (1, 2)
 H_UNSAFE_COPY = 1 << 0
 BF_OUT, BF_FAULT, BF_TRUNC = 1 << 0, 1 << 1, 1 << 2
 
@@ -45,7 +48,7 @@ HEADER = CStruct(
     "nvtrace_header",
     ("magic", "8s"), ("version", "H"), ("header_size", "H"), ("meta_size", "I"),
     ("pid", "I"), ("ppid", "I"), ("realtime_ns", "Q"), ("monotonic_ns", "Q"),
-    ("flags", "I"), ("max_block", "I"), ("uvm_window", "I"), ("reserved", "I"),
+    ("flags", "I"), ("max_block", "I"), ("window", "I"), ("reserved", "I"),
 )
 META = CStruct("nvtrace_meta", ("tag", "H"), ("len", "H"))
 RECORD = CStruct(
@@ -141,7 +144,7 @@ class Header:
     monotonic_ns: int = 0
     flags: int = 0
     max_block: int = 1 << 20
-    uvm_window: int = 4096
+    window: int = 4096
     meta: tuple[tuple[int, str], ...] = ()
     version: int = VERSION
 
@@ -177,9 +180,9 @@ def _read_header(buf: bytes) -> tuple[Header, int]:
     if len(buf) < HEADER.size or buf[:8] != MAGIC:
         raise TraceError("not an nvtrace file (bad magic)")
     (_magic, version, header_size, meta_size, pid, ppid, realtime, mono, flags, max_block,
-     uvm_window, _reserved) = HEADER.unpack(buf)
-    if version != VERSION:
-        raise TraceError(f"nvtrace format version {version}; this reader knows {VERSION}")
+     window, _reserved) = HEADER.unpack(buf)
+    if version not in VERSIONS:
+        raise TraceError(f"nvtrace format version {version}; this reader knows {VERSIONS}")
     if header_size != HEADER.size or meta_size % 8 or header_size + meta_size > len(buf):
         raise TraceError(f"bad header: header_size {header_size}, meta_size {meta_size}")
     meta, off, end = [], header_size, header_size + meta_size
@@ -190,7 +193,7 @@ def _read_header(buf: bytes) -> tuple[Header, int]:
         value = buf[off + META.size:off + META.size + length].decode(errors="replace")
         meta.append((tag, value))
         off += _pad8(META.size + length)
-    header = Header(pid, ppid, realtime, mono, flags, max_block, uvm_window, tuple(meta), version)
+    header = Header(pid, ppid, realtime, mono, flags, max_block, window, tuple(meta), version)
     return header, end
 
 
@@ -267,7 +270,7 @@ class TraceWriter:
         out.write(HEADER.struct.pack(
             MAGIC, header.version, HEADER.size, meta.tell(), header.pid, header.ppid,
             header.realtime_ns, header.monotonic_ns, header.flags, header.max_block,
-            header.uvm_window, 0))
+            header.window, 0))
         out.write(meta.getvalue())
 
     def write(self, kind: Kind, fd: int, *, ret: int = 0, err: int = 0,

@@ -257,10 +257,13 @@ class _Run:
 def _rule_data(rule: Rule, params: bytes, ev: Ioctl) -> tuple[bytes | None, int]:
     """The rule's buffer as the module would copy it (vgpu_copy_data), and flags."""
     eff = len(params)
-    if rule.ptr_off == OFF_NONE or eff < 8 or rule.ptr_off > eff - 8 or rule.len_off > eff - 4:
+    if rule.ptr_off == OFF_NONE or eff < 8 or rule.ptr_off > eff - 8 or (
+            not rule.data_size and rule.len_off > eff - 4):
         return None, 0
     ptr = _U64.unpack_from(params, rule.ptr_off)[0]
-    length = _U32.unpack_from(params, rule.len_off)[0]
+    if rule.data_size and not ptr:
+        return None, 0
+    length = rule.data_size or _U32.unpack_from(params, rule.len_off)[0]
     if length > PARAMS_MAX:
         return None, UPCALL_F_DATA_BIG
     if not length:

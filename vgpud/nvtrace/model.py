@@ -22,19 +22,15 @@ from vgpud.nvidia.layouts import (
     VidHeapControl,
     decode_call,
 )
+from vgpud.nvidia.pages import page_round
 from vgpud.nvtrace.calls import Ioctl, NodeKind
 
-__all__ = ["HeldMemory", "page_round"]
+__all__ = ["HeldMemory"]
 
-PAGE = 4096
 # NV01_ROOT, NV01_ROOT_NON_PRIV and NV01_ROOT_CLIENT all make a client.
 ROOT_CLASSES = frozenset({0x0, 0x1, NvClass.ROOT_CLIENT})
 
 Key = tuple[int, int]  # (client, handle); a client is (h, h)
-
-
-def page_round(size: int) -> int:
-    return -(-size // PAGE) * PAGE
 
 
 @dataclass(slots=True)

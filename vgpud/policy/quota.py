@@ -43,7 +43,6 @@ from vgpud.kernel.uapi import (
     FILTER_UVM_MMAP,
     UPCALL_F_DATA2_BIG,
     UPCALL_F_DATA2_FAULT,
-    UPCALL_F_DATA_BIG,
     UPCALL_F_DATA_FAULT,
     Context,
     Filter,
@@ -87,6 +86,7 @@ from vgpud.nvidia.layouts import (
     rewrite_fb_info_v2,
     rewrite_vid_heap_info,
 )
+from vgpud.nvidia.pages import granule, page_round
 from vgpud.policy.base import Request
 from vgpud.policy.handles import name_handle, new_handle, with_handle
 from vgpud.policy.rules import (
@@ -106,11 +106,10 @@ from vgpud.policy.rules import (
 if TYPE_CHECKING:  # the policy calls the admin model; it needs none of its store
     from vgpud.admin.manager import Manager
 
-__all__ = ["PAGE_SIZE", "QuotaPolicy"]
+__all__ = ["QuotaPolicy"]
 
 log = logging.getLogger(__name__)
 
-PAGE_SIZE = 4096
 TREE_CLASSES = frozenset({NvClass.ROOT_CLIENT, NvClass.DEVICE_0, NvClass.SUBDEVICE_0})
 FB_LIMIT_INDEXES = (FbInfoIndex.RAM_SIZE, FbInfoIndex.TOTAL_RAM_SIZE, FbInfoIndex.HEAP_SIZE,
                     FbInfoIndex.USABLE_RAM_SIZE)
@@ -149,33 +148,6 @@ UVM_ALLOCATING = frozenset({UvmCmd.MIGRATE, UvmCmd.MIGRATE_RANGE_GROUP,
 ALLOC_MEMORY_PASS = frozenset({NvClass.MEMORY_SYSTEM, NvClass.MEMORY_SYSTEM_OS_DESCRIPTOR,
                                NvClass.MEMORY_VIRTUAL})
 _U32 = struct.Struct("=I")
-
-
-def page_round(size: int, granule: int = PAGE_SIZE) -> int:
-    return -(-size // granule) * granule
-
-
-# NVOS32_ATTR_PAGE_SIZE (attr 24:23) and NVOS32_ATTR2_PAGE_SIZE_HUGE (attr2 21:20),
-# nvos.h: the page size an allocation asks for, which the driver rounds it up to.
-_BIG_PAGE, _HUGE_PAGES = 64 << 10, {0: 2 << 20, 1: 2 << 20, 2: 512 << 20, 3: 256 << 30}
-
-
-def granule(attr: int, attr2: int, alignment: int) -> int:
-    """What the driver rounds an allocation's size up to: its page size (BIG:
-    64 KiB; HUGE: 2 MiB, 512 MiB or 256 GiB by attr2; else 4 KiB), or a larger
-    power-of-two alignment. A reservation of the size rounded so fits what the
-    driver makes; the driver's truth settles the charge (a GPU's big pages may
-    be 128 KiB, a default page size may be chosen larger)."""
-    match attr >> 23 & 3:
-        case 2:
-            page = _BIG_PAGE
-        case 3:
-            page = _HUGE_PAGES[attr2 >> 20 & 3]
-        case _:
-            page = PAGE_SIZE
-    if alignment > page and not alignment & (alignment - 1):
-        return alignment
-    return page
 
 
 # --- what an allowed call waits for (by upcall id) ----------------------------
@@ -501,8 +473,8 @@ class QuotaPolicy:
         if h_class in DEVICE_MEMORY_CLASSES:
             alloc = call.alloc
             if not isinstance(alloc, MemoryAllocParams):
-                return Verdict.fail_status(_params_status(upcall, call.p_alloc_params,
-                                                          call.params_size), call.status_off)
+                return Verdict.fail_status(_params_status(upcall, call.p_alloc_params),
+                                           call.status_off)
             return self._reserve(upcall, tenant, call.h_root, call.h_parent, call.h_new,
                                  page_round(alloc.size, granule(alloc.attr, alloc.attr2,
                                                                 alloc.alignment)),
@@ -512,8 +484,8 @@ class QuotaPolicy:
             if h_class == NvClass.DEVICE_0:
                 gpu = self._device_gpu(upcall, call)
                 if gpu is None:
-                    return Verdict.fail_status(_params_status(upcall, call.p_alloc_params,
-                                                              call.params_size), call.status_off)
+                    return Verdict.fail_status(_params_status(upcall, call.p_alloc_params),
+                                               call.status_off)
                 if not self._allows(tenant, gpu):
                     # As the driver answers a device instance that does not exist.
                     log.info("%s may not use GPU %d: device refused", tenant, gpu)
@@ -550,7 +522,7 @@ class QuotaPolicy:
             return Verdict.fail_status(NvStatus.INVALID_CLASS, status_off)
         if h_class not in DEVICE_MEMORY_CLASSES:
             return ALLOW
-        return Verdict.fail_status(_params_status(upcall, 1, 1), status_off)
+        return Verdict.fail_status(_params_status(upcall, 1), status_off)
 
     def _rm_alloc_memory(self, upcall: Upcall, tenant: str, call: RmAllocMemory) -> Verdict:
         if call.h_class not in DEVICE_MEMORY_CLASSES and call.h_class not in ALLOC_MEMORY_PASS:
@@ -1019,15 +991,14 @@ class QuotaPolicy:
         return ALLOW
 
 
-def _params_status(upcall: Upcall, pointer: int, size: int) -> int:
-    """The status the driver gives alloc params it cannot take (rmapiParamsAcquire)."""
+def _params_status(upcall: Upcall, pointer: int) -> int:
+    """The status the driver gives alloc params it cannot take
+    (serverAllocApiCopyIn: their size is the class's, paramsSize unread)."""
     if upcall.flags & UPCALL_F_DATA_FAULT:
         return NvStatus.INVALID_ADDRESS
-    if upcall.flags & UPCALL_F_DATA_BIG:
-        return NvStatus.INVALID_PARAM_STRUCT
-    if not pointer or not size:
-        return NvStatus.INVALID_ARGUMENT
-    return NvStatus.INVALID_PARAM_STRUCT  # copied, but not NV_MEMORY_ALLOCATION_PARAMS
+    if not pointer:
+        return NvStatus.INVALID_ARGUMENT  # required params, NULL pointer
+    return NvStatus.INVALID_PARAM_STRUCT  # copied, but not of the class's layout
 
 
 def _refused_class(h_class: int) -> bool:

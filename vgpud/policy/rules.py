@@ -2,7 +2,9 @@
 
 A rule selects calls by escape, exact params size and a u32 key in the params
 (object class, control command), and names the user pointer whose buffer the
-module copies into the upcall (the alloc params, the control params).
+module copies into the upcall: the control params by their paramsSize, the
+alloc params by the size the driver reads for their class (ALLOC_PARAMS),
+whatever NVOS21/NVOS64 paramsSize says.
 
 Every builder takes ``post`` (a POST event after each allowed call) and
 ``shadow`` (the driver reads the module's checked copy of the params and the
@@ -12,11 +14,13 @@ buffer, so that what the policy decided on is what the driver acts on).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import groupby
 
 from vgpud.kernel.cstruct import CStruct
 from vgpud.kernel.uapi import FILTER_OPEN, Filter, Node, Rule, RuleNested
 from vgpud.nvidia.escapes import FB_INFO_MAX_LIST_SIZE, Ctrl, Escape, NvClass
 from vgpud.nvidia.layouts import (
+    ALLOC_PARAMS,
     FB_INFO_ENTRY,
     NV2080_CTRL_FB_GET_INFO_PARAMS,
     NVOS00,
@@ -57,21 +61,34 @@ def _keys(values: Iterable[int]) -> tuple[int, ...]:
 
 
 def rm_alloc_classes(classes: Iterable[int], *, post: bool = False,
-                     shadow: bool = False) -> tuple[Rule, Rule]:
-    """RM_ALLOC of these object classes, as NVOS21 (32 B) and NVOS64 (48 B)."""
+                     shadow: bool = False) -> tuple[Rule, ...]:
+    """RM_ALLOC of these object classes, as NVOS21 (32 B) and NVOS64 (48 B),
+    with their alloc params where vgpud knows the class's (ALLOC_PARAMS):
+    the size the driver reads for the class. One pair of rules per size; the
+    classes of no known params get a pair without a buffer."""
     keys = _keys(classes)
-    return (_rm_alloc_rule(NVOS21, keys, post, shadow),
-            _rm_alloc_rule(NVOS64, keys, post, shadow))
+
+    def size(k: int) -> int:
+        layout = ALLOC_PARAMS.get(k)
+        return layout.size if layout else 0
+
+    groups = [(data_size, tuple(group))
+              for data_size, group in groupby(sorted(keys, key=size), key=size)]
+    return tuple(_rm_alloc_rule(layout, group, data_size, post, shadow)
+                 for data_size, group in groups for layout in (NVOS21, NVOS64))
 
 
-def _rm_alloc_rule(layout: CStruct, keys: tuple[int, ...], post: bool, shadow: bool) -> Rule:
+def _rm_alloc_rule(layout: CStruct, keys: tuple[int, ...], data_size: int, post: bool,
+                   shadow: bool) -> Rule:
+    if not data_size:
+        return _bare_alloc_rule(layout, keys, post, shadow)
     return Rule(
         node_mask=_RM_NODES,
         nr=Escape.RM_ALLOC,
         size=layout.size,
         match_off=layout.offsets["hClass"],
         ptr_off=layout.offsets["pAllocParms"],
-        len_off=layout.offsets["paramsSize"],
+        data_size=data_size,
         match=keys,
         post=post,
         shadow=shadow,

@@ -17,15 +17,13 @@ sampled during the race, never exceeds the quota.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support import nvclient as nv
-from tests.support.hostile import attacker_binary, spawn_tenant
-from tests.support.nvsim import Fds, HeapSampler
+from tests.support.hostile import attacker_binary, race
 from tests.support.vgpud_proc import Daemon
 
 pytestmark = pytest.mark.vm
@@ -33,17 +31,6 @@ pytestmark = pytest.mark.vm
 MIB = 2**20
 QUOTA = 64 * MIB
 SIZE = 16 * MIB
-
-# The tenant builds its tree through vgpu, then hands the fd to the racer.
-TENANT = r"""
-import os, subprocess, sys
-from tests.support import nvclient as nv
-fd = os.open("/dev/vgpu/nvidiactl", os.O_RDWR)
-tree = nv.build_tree(fd)
-out = subprocess.run([sys.argv[1], str(fd), str(tree.client), str(tree.subdevice), *sys.argv[2:]],
-                     pass_fds=(fd,), capture_output=True, text=True, check=True).stdout
-print(out.strip())
-"""
 
 
 @pytest.fixture(scope="module")
@@ -57,23 +44,26 @@ def racer() -> Iterator[Path]:
 @pytest.mark.parametrize("wrapped", [False, True], ids=["direct", "xfer"])
 def test_flipping_the_class_gets_no_uncharged_memory(daemon: Daemon, nvsim: Path, racer: Path,
                                                       wrapped: bool) -> None:
-    fds = Fds(nv.NvNodes(nvsim))
-    try:
-        with HeapSampler(fds) as heap:
-            args = [str(racer), str(SIZE), hex(nv.NV50_MEMORY_VIRTUAL),
-                    hex(nv.NV01_MEMORY_LOCAL_USER), "10", "120", "100000",
-                    *(["xfer"] if wrapped else [])]
-            tenant = spawn_tenant(f"import sys; sys.argv[1:] = {json.dumps(args)}\n{TENANT}")
-            try:
-                out, err = tenant.communicate(timeout=900)
-            finally:
-                tenant.kill()
-            assert tenant.returncode == 0, err
-        print(f"race ({'xfer' if wrapped else 'direct'}): {out.strip()}; nvsim held for the "
-              f"tenant at most {max(heap.samples) // MIB} MiB in {len(heap.samples)} samples "
-              f"(quota {QUOTA // MIB} MiB)")
-        attempts = int(out.split()[1])
-        assert attempts > 0
-        assert max(heap.samples) <= QUOTA
-    finally:
-        fds.close_all()
+    stats, held = race(nvsim, str(racer), str(SIZE), hex(nv.NV50_MEMORY_VIRTUAL),
+                       hex(nv.NV01_MEMORY_LOCAL_USER), "10", "120", "100000",
+                       *(["xfer"] if wrapped else []), limit=QUOTA // MIB)
+    assert stats["attempts"] > 0
+    assert max(held) <= QUOTA
+
+
+@pytest.mark.parametrize("field", ["size", "ptr"])
+def test_flipping_the_alloc_params_gets_nothing_unseen(daemon: Daemon, nvsim: Path,
+                                                       racer: Path, field: str) -> None:
+    """The driver reads alloc params by their class's size and never looks at
+    paramsSize (libcuda sends 0), so the module copies them by that size. A
+    sibling flipping paramsSize (0 and 0xffffffff) or pAllocParms (to params
+    asking for 1 GiB) between the module's copy and the driver's read changes
+    nothing: the driver reads the module's copy. Every allocation is the
+    16 MiB decided on, whatever paramsSize says; nvsim holds at most the
+    quota."""
+    stats, held = race(nvsim, str(racer), str(SIZE), hex(nv.NV01_MEMORY_LOCAL_USER),
+                       hex(nv.NV01_MEMORY_LOCAL_USER), "10", "120", "100000", field,
+                       limit=QUOTA // MIB)
+    # The quota holds 4 allocations of 16 MiB, whatever the flipper wrote.
+    assert stats["attempts"] > 0 and stats["ok"] == QUOTA // SIZE
+    assert max(held) <= QUOTA

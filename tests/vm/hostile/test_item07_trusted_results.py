@@ -22,15 +22,12 @@ tenant.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support import nvclient as nv
-from tests.support.hostile import ONE_TENANT, attacker_binary, spawn_tenant, start_daemon
-from tests.support.nvsim import Fds, GroupSampler, HeapSampler
+from tests.support.hostile import ONE_TENANT, attacker_binary, race, start_daemon
 from tests.support.vgpud_proc import Daemon
 
 pytestmark = pytest.mark.vm
@@ -42,43 +39,6 @@ QUOTA = 64 * MIB
 SIZE = 16 * MIB
 GROUPS = 4  # the channel-group limit of the limited tenant
 LIMITED = ONE_TENANT + f"limits = {{ channel_groups = {GROUPS} }}\n"
-
-# The tenant builds its tree through vgpu, then hands the fd to the racer.
-TENANT = r"""
-import os, subprocess, sys
-from tests.support import nvclient as nv
-fd = os.open("/dev/vgpu/nvidiactl", os.O_RDWR)
-tree = nv.build_tree(fd)
-parent = tree.device if "groups" in sys.argv else tree.subdevice
-out = subprocess.run([sys.argv[1], str(fd), str(tree.client), str(parent), *sys.argv[2:]],
-                     pass_fds=(fd,), capture_output=True, text=True, check=True).stdout
-print(out.strip())
-"""
-
-
-def race(nvsim: Path, *args: str) -> tuple[dict[str, int], list[int]]:
-    """Runs the attacker `args` as the tenant while nvsim's holding for it is
-    sampled (video memory, or with "groups" channel groups): the attacker's
-    figures ("name N ...") and the samples."""
-    groups = "groups" in args
-    fds = Fds(nv.NvNodes(nvsim))
-    try:
-        with GroupSampler() if groups else HeapSampler(fds) as held:
-            tenant = spawn_tenant(f"import sys; sys.argv[1:] = {json.dumps(args)}\n{TENANT}")
-            try:
-                out, err = tenant.communicate(timeout=900)
-            finally:
-                tenant.kill()
-            assert tenant.returncode == 0, err
-    finally:
-        fds.close_all()
-    unit, div, bound = ("groups", 1, GROUPS) if groups else ("MiB", MIB, QUOTA // MIB)
-    print(f"race: {out.strip()}; nvsim held for the tenant at most "
-          f"{max(held.samples) // div} {unit} in {len(held.samples)} samples, "
-          f"{held.samples[-1] // div} at the end (limit {bound})")
-    words = out.split()
-    return dict(zip(words[::2], map(int, words[1::2]), strict=True)), held.samples
-
 
 @pytest.fixture(scope="module")
 def racer() -> Iterator[Path]:
@@ -94,7 +54,8 @@ def prereader() -> Iterator[Path]:
 
 def test_rewritten_results_get_no_uncharged_memory(daemon: Daemon, nvsim: Path,
                                                    racer: Path) -> None:
-    stats, held = race(nvsim, str(racer), str(SIZE), "10", "60", "100000")
+    stats, held = race(nvsim, str(racer), str(SIZE), "10", "60", "100000",
+                       limit=QUOTA // MIB)
     # The shadow was found, and results rewritten there or the writes refused.
     assert stats["attempts"] > 0 and stats["found"] > 0
     assert stats["hits"] + stats["faults"] > 0
@@ -110,7 +71,8 @@ def test_rewritten_generated_handles_get_no_uncharged_memory(daemon: Daemon, nvs
     nothing for what nvsim allocated. Now the daemon chooses the handle
     before the call (its ALLOW carries the params the driver reads, with
     that handle), so the truth check asks about the object made."""
-    stats, held = race(nvsim, str(racer), str(SIZE), "10", "60", "100000", "generated")
+    stats, held = race(nvsim, str(racer), str(SIZE), "10", "60", "100000", "generated",
+                       limit=QUOTA // MIB)
     assert stats["attempts"] > 0 and stats["found"] > 0
     assert stats["hits"] + stats["faults"] > 0
     assert max(held) <= QUOTA
@@ -133,7 +95,8 @@ def test_rewritten_results_get_no_uncounted_channel_groups(limited: Daemon, nvsi
     one it can no longer name), past its limit. Now the daemon counts the
     object the driver reports under the handle it decided on or named."""
     modes = ["generated", "groups"] if handles == "generated" else ["groups"]
-    stats, held = race(nvsim, str(racer), "0", "10", "60", "100000", *modes)
+    stats, held = race(nvsim, str(racer), "0", "10", "60", "100000", *modes,
+                       limit=GROUPS)
     assert stats["attempts"] > 0 and stats["found"] > 0
     assert stats["hits"] + stats["faults"] > 0
     assert stats["failed"] > 0  # the limit was reached
@@ -147,7 +110,8 @@ def test_params_rewritten_in_the_shadow_get_no_uncharged_memory(daemon: Daemon, 
     NV50_MEMORY_VIRTUAL decided, NV01_MEMORY_LOCAL_USER read by the driver,
     by a plain store, /proc/self/mem or process_vm_writev."""
     refused = int(REFUSED.read_text())
-    stats, held = race(nvsim, str(prereader), str(SIZE), "10", "60", "2000")
+    stats, held = race(nvsim, str(prereader), str(SIZE), "10", "60", "2000",
+                       limit=QUOTA // MIB)
     refused = int(REFUSED.read_text()) - refused
     print(f"the module refused {refused} writes to a shadow")
     assert stats["attempts"] > 0 and stats["found"] > 0  # the shadow was found
@@ -163,7 +127,8 @@ def test_a_shadow_replaced_during_a_call_revokes_the_file(daemon: Daemon, nvsim:
     region; one during a call revokes the file (every later call EIO), so
     the driver acts on a replaced shadow at most once per open file: nvsim
     holds at most one allocation for the tenant."""
-    stats, held = race(nvsim, str(prereader), str(SIZE), "10", "60", "2000", "unmap")
+    stats, held = race(nvsim, str(prereader), str(SIZE), "10", "60", "2000", "unmap",
+                       limit=QUOTA // MIB)
     print(f"revoked contexts so far: {REVOKED.read_text().strip()}")
     assert stats["found"] > 0 and stats["replaced"] > 0
     assert max(held) <= SIZE

@@ -31,6 +31,10 @@
  *      those params instead of the checked ones (the daemon names the new
  *      object's handle, which the driver would otherwise generate and
  *      report only in the tenant-writable results).
+ *   6: VGPU_RULE_F_LEN_FIXED: a rule's buffer has a fixed length, carried
+ *      in len_off (RM_ALLOC: the driver reads alloc params by the size
+ *      their class takes and ignores NVOS21/NVOS64 paramsSize, which
+ *      libcuda leaves 0: seen in a trace of driver 580.159.04).
  *
  * The protocol is append-only: new commands, attributes and enum values are
  * added at the end; existing layouts never change.
@@ -42,7 +46,7 @@
 
 #define VGPU_GENL_NAME		"vgpu"
 #define VGPU_GENL_VERSION	1
-#define VGPU_PROTO_VERSION	5
+#define VGPU_PROTO_VERSION	6
 
 /* Kinds of emulated node. A rule's node_mask is a set of (1 << node). */
 enum vgpu_node {
@@ -71,7 +75,8 @@ enum vgpu_node {
  *	VGPU_OFF_NONE selects every call with this nr and size
  * @ptr_off: offset in params of a u64 user pointer whose buffer is copied
  *	into the upcall (VGPU_A_DATA); VGPU_OFF_NONE for none
- * @len_off: offset in params of the u32 byte length of that buffer
+ * @len_off: offset in params of the u32 byte length of that buffer; with
+ *	VGPU_RULE_F_LEN_FIXED, the length itself (1..VGPU_PARAMS_MAX)
  * @n_match: number of valid entries in @match
  * @flags: VGPU_RULE_F_*
  * @match: keys that select the slow path
@@ -102,6 +107,14 @@ struct vgpu_rule {
  * kept so that a v3 filter still validates.
  */
 #define VGPU_RULE_F_SHADOW	(1U << 1)
+/*
+ * v6: the buffer at ptr_off is len_off bytes long, a length and not an
+ * offset: the size the driver reads, whatever the params say. RM_ALLOC
+ * reads its alloc params by the size their object class takes and never
+ * looks at NVOS21/NVOS64 paramsSize. A NULL pointer copies nothing (the
+ * driver sees the NULL too and decides whether the class allows it).
+ */
+#define VGPU_RULE_F_LEN_FIXED	(1U << 2)
 
 /* VGPU_A_FILTER_FLAGS */
 #define VGPU_FILTER_OPEN	(1U << 0)	/* upcall every open for a verdict */
