@@ -253,14 +253,11 @@ def _fact_lines(facts: dict[str, Any]) -> list[str]:
     ]
 
 
-_PROGRAMS = {"probe": "torch program", "sizes-probe": "sizes program"}
-
-
 def _check_lines(check: dict[str, Any]) -> list[str]:
     lines = []
     for name, res in check.items():
-        if name in _PROGRAMS:
-            lines.append(f"{_PROGRAMS[name]}: {json.dumps(res)}"[:400])
+        if name.startswith("probe-"):
+            lines.append(f"{name.removeprefix('probe-')} program: {json.dumps(res)}"[:400])
             continue
         if not isinstance(res, dict) or "calls" not in res:
             lines.append(f"check {name}: no result ({res})"[:120])

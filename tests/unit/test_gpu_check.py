@@ -63,7 +63,7 @@ def fake_facts() -> dict:
 
 def test_summary_of_a_gpu_run(tmp_path: Path) -> None:
     (tmp_path / "facts.json").write_text(json.dumps(fake_facts()))
-    check = {"probe": {"ok": True, "mem_get_info": [1, 2]},
+    check = {"probe-torch": {"ok": True, "mem_get_info": [1, 2]},
              "torch": {"ok": False, "calls": 900, "decoded": 700, "unknown": {"X": 200},
                        "findings": ["torch-1.nvtrace#42: escape 0x2b: size"],
                        "ledger": None, "ledger_skipped": "no pydantic"},
@@ -183,6 +183,28 @@ class FakeCuda:
         self.used -= self.live.pop(ptr.value)
         return 0
 
+    # The virtual memory API: a handle holds the memory until released.
+    def cuMemGetAllocationGranularity(self, gran: Any, prop: Any, option: int) -> int:
+        gran._obj.value = self.PAGE
+        return 0
+
+    def cuMemCreate(self, handle: Any, size: ctypes.c_size_t, prop: Any,
+                    flags: ctypes.c_uint64) -> int:
+        assert prop._obj.type == 1 and prop._obj.location.type == 1  # pinned, on device 0
+        return self.cuMemAlloc_v2(handle, size)
+
+    def cuMemRelease(self, handle: ctypes.c_uint64) -> int:
+        return self.cuMemFree_v2(handle)
+
+    def cuMemAddressReserve(self, va: Any, *rest: Any) -> int:
+        va._obj.value = 0x7F0000000000
+        return 0
+
+    def cuMemMap(self, *args: Any) -> int:
+        return 0
+
+    cuMemSetAccess = cuMemUnmap = cuMemAddressFree = cuMemMap
+
 
 def test_sizes_probe_reports_what_each_size_takes() -> None:
     cuda = FakeCuda(8 * GIB)
@@ -192,3 +214,11 @@ def test_sizes_probe_reports_what_each_size_takes() -> None:
     assert took[4096] == 2 << 20 and took[(2 << 20) + 1] == 4 << 20 and took[GIB] == GIB
     assert cuda.used == 0  # every allocation freed
     assert gpu_probe.sizes_run(FakeCuda(GIB))["ok"] is False  # 1 GiB did not fit
+
+
+def test_vmm_probe_reports_what_create_and_map_take() -> None:
+    cuda = FakeCuda(8 * GIB)
+    out = gpu_probe.vmm_run(cuda)
+    assert out["ok"] is True and out["size"] == gpu_probe.VMM_SIZE
+    assert out["took_create"] == out["took_mapped"] == gpu_probe.VMM_SIZE
+    assert out["left_after"] == 0 and cuda.used == 0
