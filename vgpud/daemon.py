@@ -37,6 +37,7 @@ from vgpud.host.systemd import Notifier, watchdog_interval
 from vgpud.kernel import uapi
 from vgpud.kernel.channel import ChannelError, GenlChannel, UpcallHandler
 from vgpud.kernel.uapi import Filter
+from vgpud.lograte import RateLimit
 from vgpud.policy.base import Policy
 from vgpud.policy.dispatch import Dispatcher
 from vgpud.policy.rules import parse_filter_spec
@@ -218,7 +219,10 @@ class Daemon:
 def main(config_path: Path | None, policy_spec: str | None, filter_specs: tuple[str, ...],
          on_error: str, no_dbus: bool, require_dbus: bool, log_level: str) -> None:
     """The vgpud daemon: answers the vgpu kernel module's upcalls."""
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+    # Refusals are logged one by one: bounded per kind and tenant (lograte).
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(RateLimit())
+    logging.basicConfig(level=log_level.upper(), handlers=[handler],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if no_dbus and require_dbus:
         raise click.UsageError("--no-dbus and --require-dbus exclude each other")
