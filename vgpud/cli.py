@@ -251,6 +251,24 @@ def _sched_options(fn: Callable[..., None]) -> Callable[..., None]:
     return click.option("--priority", metavar="CLASS", help="best-effort or priority.")(fn)
 
 
+def _limits_option(fn: Callable[..., None]) -> Callable[..., None]:
+    return click.option(
+        "--limit", "limits", multiple=True, metavar="KIND=N", callback=_parse_limits,
+        help="Most objects of KIND the tenant may hold at once: channel_groups, channels, "
+             "context_shares, va_spaces, buffers (repeatable).")(fn)
+
+
+def _parse_limits(ctx: click.Context, param: click.Parameter,
+                  values: tuple[str, ...]) -> dict[str, int]:
+    limits: dict[str, int] = {}
+    for value in values:
+        kind, sep, count = value.partition("=")
+        if not sep or not kind or not count.isdigit() or int(count) > 2**32 - 1:
+            raise click.BadParameter(f"{value!r} is not KIND=N", param=param)
+        limits[kind] = int(count)
+    return limits
+
+
 def _options(**values: tuple[str, Any] | None) -> dict[str, Variant]:
     return {key.replace("_", "-"): Variant(*v) for key, v in values.items() if v is not None}
 
@@ -263,9 +281,10 @@ def _options(**values: tuple[str, Any] | None) -> dict[str, Variant]:
 @click.option("--match-uid", multiple=True, type=U32, help="Openers with this uid (repeatable).")
 @click.option("--gpus", metavar="LIST", help="GPU indexes the tenant may use: 0,1 (default all).")
 @_sched_options
+@_limits_option
 def tenant_create(name: str, memory: str | None, match_cgroup: tuple[str, ...],
                   match_uid: tuple[int, ...], gpus: str | None, weight: int | None,
-                  cap: int | None, priority: str | None) -> None:
+                  cap: int | None, priority: str | None, limits: dict[str, int]) -> None:
     """Create tenant NAME."""
     try:
         indexes = None if gpus is None else [int(i) for i in gpus.split(",")]
@@ -279,6 +298,7 @@ def tenant_create(name: str, memory: str | None, match_cgroup: tuple[str, ...],
         weight=None if weight is None else ("u", weight),
         cap=None if cap is None else ("u", cap),
         priority=None if priority is None else ("s", priority),
+        limits=("a{su}", limits) if limits else None,
     )
     _call("CreateTenant", "sa{sv}", name, options)
 
@@ -294,17 +314,20 @@ def tenant_delete(name: str) -> None:
 @click.argument("name")
 @_memory_option
 @_sched_options
+@_limits_option
 def tenant_set(name: str, memory: str | None, weight: int | None, cap: int | None,
-               priority: str | None) -> None:
+               priority: str | None, limits: dict[str, int]) -> None:
     """Change tenant NAME's limits (all given options at once, or none)."""
     options = _options(
         memory=None if memory is None else ("s", memory),
         weight=None if weight is None else ("u", weight),
         cap=None if cap is None else ("u", cap),
         priority=None if priority is None else ("s", priority),
+        limits=("a{su}", limits) if limits else None,
     )
     if not options:
-        raise click.UsageError("nothing to set: give --memory, --weight, --cap or --priority")
+        raise click.UsageError("nothing to set: give --memory, --weight, --cap, --priority "
+                               "or --limit")
     _call("UpdateTenant", "sa{sv}", name, options)
 
 

@@ -55,16 +55,20 @@ def test_read_commands(service: ServiceThread) -> None:
 
 def test_changes(service: ServiceThread) -> None:
     create = vgpuctl("tenant", "create", "carol", "--memory", "512MiB", "--match-cgroup",
-                     "/pods/carol*", "--match-uid", "1001", "--gpus", "0", "--weight", "20")
+                     "/pods/carol*", "--match-uid", "1001", "--gpus", "0", "--weight", "20",
+                     "--limit", "channel_groups=8")
     assert create.exit_code == 0, create.output
     carol = ok_json("tenant", "show", "carol")
     assert carol["match"] == [{"cgroup": "/pods/carol*"}, {"uid": 1001}]
     assert (carol["memory_limit_bytes"], carol["weight"]) == ({"0": 512 * 2**20, "1": 0}, 20)
+    assert (carol["limits"]["channel_groups"], carol["limits"]["channels"]) == (8, 1024)
     result = vgpuctl("tenant", "set", "carol", "--memory", "50%", "--cap", "30",
-                     "--priority", "priority")
+                     "--priority", "priority", "--limit", "channels=16", "--limit", "buffers=0")
     assert result.exit_code == 0, result.output
     carol = ok_json("tenant", "show", "carol")
     assert (carol["memory_limit"], carol["cap"], carol["priority"]) == ("50%", 30, "priority")
+    assert carol["limits"] == {"channel_groups": 8, "channels": 16, "context_shares": 1024,
+                               "va_spaces": 64, "buffers": 0}
     assert vgpuctl("bind", "4242", "carol").exit_code == 0
     assert ok_json("tenant", "show", "carol")["pids"] == [4242]
     assert vgpuctl("unbind", "4242").exit_code == 0
@@ -81,6 +85,9 @@ def test_changes(service: ServiceThread) -> None:
         (["tenant", "set", "alice", "--memory", "8 parsecs"], "unknown unit"),
         (["tenant", "set", "alice", "--memory", "-1GiB"], "negative"),
         (["tenant", "set", "alice", "--weight", "0", "--memory", "1GiB"], "weight"),
+        (["tenant", "set", "alice", "--limit", "tsgs=1"], "tsgs"),
+        (["tenant", "set", "alice", "--weight", "5", "--limit", "channels=1000001"],
+         "channels"),
         (["tenant", "create", "Bad", "--memory", "1GiB"], "(InvalidArgument)"),
         (["bind", "1", "carol"], "(NoSuchTenant)"),
     ],
@@ -98,6 +105,8 @@ def test_daemon_errors_exit_1(service: ServiceThread, args: list[str], message: 
     [
         ["tenant", "set", "alice"],
         ["tenant", "set", "alice", "--weight", "-1"],
+        ["tenant", "set", "alice", "--limit", "channels"],
+        ["tenant", "set", "alice", "--limit", "channels=-1"],
         ["tenant", "create", "carol", "--gpus", "zero"],
         ["bind", "pid", "alice"],
         ["tenant", "frobnicate"],

@@ -88,6 +88,8 @@ def test_reads(service: ServiceThread) -> None:
         "MemoryUsed": {0: 0, 1: 0}, "Contexts": 0, "Gpus": [0, 1], "Weight": 100, "Cap": 0,
         "Priority": "best-effort", "Uvm": "count", "Match": [{"uid": 1000}], "Pids": [],
         "Share": {}, "MeasuredShare": {},  # no scheduler behind this service
+        "Limits": {"channel_groups": 256, "channels": 1024, "context_shares": 1024,
+                   "va_spaces": 64, "buffers": 256},
     }
 
 
@@ -112,6 +114,11 @@ def test_every_change(service: ServiceThread) -> None:
     call("UpdateTenant", "sa{sv}", "c.d", {"memory": Variant("s", ""),
                                            "cap": Variant("u", 0)})
     assert (tenant("c.d")["MemoryLimit"], tenant("c.d")["Cap"]) == ("", 0)
+    # Object limits: the kinds given change, the others stay.
+    call("UpdateTenant", "sa{sv}", "c.d", {"limits": Variant("a{su}", {"channel_groups": 4})})
+    call("UpdateTenant", "sa{sv}", "c.d", {"limits": Variant("a{su}", {"va_spaces": 0})})
+    limits = tenant("c.d")["Limits"]
+    assert (limits["channel_groups"], limits["va_spaces"], limits["channels"]) == (4, 0, 1024)
     call("UnbindProcess", "u", 4242)
     assert tenant("c.d")["Pids"] == []
     call("DeleteTenant", "s", "c.d")
@@ -137,6 +144,16 @@ def test_every_change(service: ServiceThread) -> None:
         ("UpdateTenant", "sa{sv}", ["alice", {"uvm": Variant("s", "deny")}], "InvalidArgument"),
         ("UpdateTenant", "sa{sv}", ["alice", {"weight": Variant("s", "5")}], "InvalidArgument"),
         ("UpdateTenant", "sa{sv}", ["alice", {}], "InvalidArgument"),
+        ("UpdateTenant", "sa{sv}", ["alice", {"limits": Variant("a{su}", {"gpus": 1})}],
+         "InvalidArgument"),
+        ("UpdateTenant", "sa{sv}", ["alice", {"limits": Variant("a{su}",
+                                                                {"channels": 1_000_001})}],
+         "InvalidArgument"),
+        ("UpdateTenant", "sa{sv}", ["alice", {"limits": Variant("a{st}", {"channels": 1})}],
+         "InvalidArgument"),
+        ("CreateTenant", "sa{sv}", ["carol", {"match-uid": Variant("au", [7]),
+                                              "limits": Variant("a{su}", {"tsg": 1})}],
+         "InvalidArgument"),
         ("CreateTenant", "sa{sv}", ["alice", {}], "InvalidArgument"),
         ("CreateTenant", "sa{sv}", ["Bad Name", {}], "InvalidArgument"),
         ("CreateTenant", "sa{sv}", ["carol", {"pids": Variant("au", [1])}], "InvalidArgument"),

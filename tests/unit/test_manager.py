@@ -92,6 +92,22 @@ def test_update_persists_then_applies(manager: Manager, recorder: Recorder) -> N
     assert make_manager(manager.config_path).tenants == manager.tenants
 
 
+def test_object_limits_change_by_kind_and_persist(manager: Manager,
+                                                  recorder: Recorder) -> None:
+    manager.update_tenant("alice", {"limits": {"channel_groups": 2}})
+    manager.update_tenant("alice", {"limits": {"buffers": 0}})
+    limits = manager.tenant("alice").limits
+    assert (limits.channel_groups, limits.buffers, limits.channels) == (2, 0, 1024)
+    assert recorder.events[-1] == ("tenant", "alice", frozenset({"limits"}))
+    assert load_state(manager.state_path).changed["alice"]["limits"]["channel_groups"] == 2
+    assert make_manager(manager.config_path).tenant("alice").limits == limits
+    before = snapshot(manager)
+    for bad in ({"channel_groups": -1}, {"tsgs": 1}, {"channels": "8"}):
+        with pytest.raises(InvalidArgument):
+            manager.update_tenant("alice", {"limits": bad})
+    assert snapshot(manager) == before
+
+
 def test_memory_none_is_the_whole_device(manager: Manager) -> None:
     manager.update_tenant("alice", {"memory": None})
     assert manager.limits("alice") == {0: 80 * GIB, 1: 80 * GIB}

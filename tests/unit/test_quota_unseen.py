@@ -194,6 +194,21 @@ def test_limits_are_per_tenant(lw: World) -> None:
         NvStatus.INSUFFICIENT_RESOURCES
 
 
+def test_a_limit_changed_at_runtime_applies_to_the_next_object(lw: World) -> None:
+    """vgpuctl tenant set --limit: raised, the next group passes; lowered below
+    what is held, nothing is freed and the next is refused."""
+    w = lw
+    client, device, _ = setup_gpu(w, 1)
+    for _ in range(2):
+        assert w.rm_alloc(1, client, device, TSG)[0] == ALLOW
+    assert _status(w.rm_alloc(1, client, device, TSG)[0]) == NvStatus.INSUFFICIENT_RESOURCES
+    w.manager.update_tenant("a", {"limits": {"channel_groups": 3}})
+    assert w.rm_alloc(1, client, device, TSG)[0] == ALLOW
+    w.manager.update_tenant("a", {"limits": {"channel_groups": 1}})
+    assert _status(w.rm_alloc(1, client, device, TSG)[0]) == NvStatus.INSUFFICIENT_RESOURCES
+    assert w.policy.object_counts() == {("a", "channel_groups"): 3}
+
+
 def test_a_dup_of_a_counted_object_is_counted(lw: World) -> None:
     w = lw
     client, device, _ = setup_gpu(w, 1)

@@ -85,6 +85,7 @@ GpuList = Annotated[list[list[Any]], DBusSignature("a(ustt)")]
 Options = Annotated[dict[str, Variant], DBusSignature("a{sv}")]
 Rules = Annotated[list[dict[str, Variant]], DBusSignature("aa{sv}")]
 Indexes = Annotated[list[int], DBusSignature("au")]
+ObjectCounts = Annotated[dict[str, int], DBusSignature("a{su}")]
 TenantRef = Annotated[list[str], DBusSignature("so")]
 QuotaBody = Annotated[list[Any], DBusSignature("suttt")]
 NoReply = Annotated[None, DBusSignature("")]
@@ -99,8 +100,9 @@ _OPTIONS = {
     "weight": ("u", "weight"),
     "cap": ("u", "cap"),
     "priority": ("s", "priority"),
+    "limits": ("a{su}", "limits"),
 }
-_UPDATE_OPTIONS = ("memory", "weight", "cap", "priority")
+_UPDATE_OPTIONS = ("memory", "weight", "cap", "priority", "limits")
 
 # Manager change fields -> the Tenant properties they affect.
 _PROPERTIES = {
@@ -110,6 +112,7 @@ _PROPERTIES = {
     "weight": ("Weight",),
     "cap": ("Cap",),
     "priority": ("Priority",),
+    "limits": ("Limits",),
     "match": ("Match",),
     "pids": ("Pids",),
     BINDINGS: ("Pids",),
@@ -208,7 +211,7 @@ class ManagerInterface(ServiceInterface):
 
     @dbus_method()
     async def UpdateTenant(self, name: DBusStr, changes: Options) -> NoReply:
-        """Several of memory, weight, cap, priority at once (all or nothing)."""
+        """Several of memory, weight, cap, priority, limits at once (all or nothing)."""
         await self._service.authorize()
         with _dbus_errors():
             self._manager.update_tenant(name, _fields(changes, _UPDATE_OPTIONS))
@@ -317,6 +320,11 @@ class TenantInterface(ServiceInterface):
     @dbus_property(access=PropertyAccess.READ)
     def Priority(self) -> DBusStr:
         return str(self._manager.tenant(self._name).priority)
+
+    @dbus_property(access=PropertyAccess.READ)
+    def Limits(self) -> ObjectCounts:
+        """Object kind -> most objects of it the tenant may hold at once (ObjectLimits)."""
+        return self._manager.tenant(self._name).limits.model_dump()
 
     @dbus_property(access=PropertyAccess.READ)
     def Share(self) -> GpuPercent:

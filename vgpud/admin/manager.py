@@ -45,7 +45,8 @@ __all__ = [
 
 # Fields create_tenant accepts (pids are bound with bind() instead), and those
 # update_tenant changes (the runtime-changeable ones).
-CREATE_FIELDS = frozenset({"memory", "match", "gpus", "uvm", "weight", "cap", "priority"})
+CREATE_FIELDS = frozenset({"memory", "match", "gpus", "uvm", "weight", "cap", "priority",
+                           "limits"})
 UPDATE_FIELDS = CHANGEABLE
 # Notification field names besides Tenant's own fields.
 USAGE = "usage"
@@ -219,14 +220,18 @@ class Manager:
     def update_tenant(self, name: str, changes: Mapping[str, object]) -> None:
         """Change UPDATE_FIELDS at once (all or nothing):
         memory: 8GiB, 512MiB, 50%, a byte count, or None (the whole device);
-        weight 1..1000; cap 1..100 or None; priority best-effort | priority.
-        A memory limit below current usage is accepted: it frees nothing, new
-        allocations are refused until usage drops below it."""
+        weight 1..1000; cap 1..100 or None; priority best-effort | priority;
+        limits: {kind: count} of the kinds to change (ObjectLimits), the others
+        kept. A memory limit below current usage is accepted: it frees
+        nothing, new allocations are refused until usage drops below it; so
+        does an object limit below the objects held."""
         tenant = self.tenant(name)
         if unknown := set(changes) - UPDATE_FIELDS:
             raise InvalidArgument(f"not changeable at runtime: {', '.join(sorted(unknown))}")
         if not changes:
             raise InvalidArgument("nothing to change")
+        if isinstance(limits := changes.get("limits"), Mapping):
+            changes = {**changes, "limits": {**tenant.limits.model_dump(), **limits}}
         try:
             tenant.replace(**changes)  # for the message; change() validates too
         except ValidationError as e:

@@ -43,7 +43,7 @@ from pydantic import (
 from vgpud.core.tenants import Binding, Tenant, TenantName
 from vgpud.store.config import DEFAULT_STATE_PATH, describe
 
-CHANGEABLE = frozenset({"memory", "weight", "cap", "priority"})
+CHANGEABLE = frozenset({"memory", "weight", "cap", "priority", "limits"})
 
 
 class StateError(Exception):
@@ -158,7 +158,7 @@ class RuntimeState(BaseModel):
         )
 
     def change(self, config: Sequence[Tenant], name: str, /, **fields: Any) -> RuntimeState:
-        """Set memory / weight / cap / priority of a tenant (validated)."""
+        """Set memory / weight / cap / priority / limits of a tenant (validated)."""
         try:
             _check_change(fields)
             updated = self._existing(config, name).replace(**fields)
