@@ -39,40 +39,25 @@ static uint32_t class_a, class_b;
 static unsigned char mem[128] __attribute__((aligned(8)));
 static unsigned char big[128] __attribute__((aligned(8)));
 
-static void *flip_class(void *arg)
+/* The field the flipper rewrites (32 or 64 bits) and the two values it alternates. */
+static struct {
+	volatile uint32_t *u32;
+	volatile uint64_t *u64;
+	uint64_t a, b;
+} flip;
+
+static void *flipper(void *arg)
 {
-	volatile uint32_t *h_class = &params.h_class;
 	unsigned long *flips = arg;
 
 	while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
-		*h_class = class_b;
-		*h_class = class_a;
-		(*flips)++;
-	}
-	return NULL;
-}
-
-static void *flip_size(void *arg)
-{
-	volatile uint32_t *size = &params.params_size;
-	unsigned long *flips = arg;
-
-	while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
-		*size = 0xffffffffu;
-		*size = 0;
-		(*flips)++;
-	}
-	return NULL;
-}
-
-static void *flip_ptr(void *arg)
-{
-	volatile uint64_t *ptr = &params.p_alloc_parms;
-	unsigned long *flips = arg;
-
-	while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
-		*ptr = (uintptr_t)big;
-		*ptr = (uintptr_t)mem;
+		if (flip.u32) {
+			*flip.u32 = (uint32_t)flip.b;
+			*flip.u32 = (uint32_t)flip.a;
+		} else {
+			*flip.u64 = flip.b;
+			*flip.u64 = flip.a;
+		}
 		(*flips)++;
 	}
 	return NULL;
@@ -81,7 +66,7 @@ static void *flip_ptr(void *arg)
 int main(int argc, char **argv)
 {
 	unsigned long attempts = 0, ok = 0, flips = 0, want;
-	void *(*flipper)(void *) = flip_class;
+	const char *field = "class";
 	double start, min_s, max_s;
 	struct xfer x;
 	int fd, use_xfer = 0, i;
@@ -100,11 +85,10 @@ int main(int argc, char **argv)
 	for (i = 10; i < argc; i++) {
 		if (!strcmp(argv[i], "xfer"))
 			use_xfer = 1;
-		else if (!strcmp(argv[i], "size"))
-			flipper = flip_size;
-		else if (!strcmp(argv[i], "ptr"))
-			flipper = flip_ptr;
-		else if (strcmp(argv[i], "class"))
+		else if (!strcmp(argv[i], "class") || !strcmp(argv[i], "size") ||
+			 !strcmp(argv[i], "ptr"))
+			field = argv[i];
+		else
 			return 2;
 	}
 
@@ -116,6 +100,13 @@ int main(int argc, char **argv)
 	params.h_class = class_a;
 	params.p_alloc_parms = (uintptr_t)mem;
 	params.params_size = sizeof(mem);
+	if (!strcmp(field, "class"))
+		flip = (typeof(flip)){ .u32 = &params.h_class, .a = class_a, .b = class_b };
+	else if (!strcmp(field, "size"))
+		flip = (typeof(flip)){ .u32 = &params.params_size, .a = 0, .b = 0xffffffffu };
+	else
+		flip = (typeof(flip)){ .u64 = &params.p_alloc_parms, .a = (uintptr_t)mem,
+				       .b = (uintptr_t)big };
 	x.cmd = NV_ESC_RM_ALLOC;
 	x.size = sizeof(params);
 	x.ptr = (uintptr_t)&params;

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -90,8 +91,57 @@ print(json.dumps({"lat": lat, "failed": failed}))
 """
 
 
-def _run_as(uid: int, code: str, *args: str) -> subprocess.Popen[str]:
-    argv = tenant_argv(code)
+# The tenant serves a FUSE file system of its own, in its own user and mount
+# namespace, from a child process: one file whose reads never answer. It maps
+# a page of it and hands the driver that page as FB_GET_INFO's {index, data}
+# list. It prints the server's pid, then "started".
+FUSE_STUCK = r"""
+import ctypes, errno, mmap, os, stat, struct, sys, tempfile, threading, time
+from mfusepy import FUSE, FuseOSError, Operations
+from tests.support import nvclient as nv
+
+class Stuck(Operations):
+    def getattr(self, path, fh=None):
+        if path == "/":
+            return {"st_mode": stat.S_IFDIR | 0o755, "st_nlink": 2}
+        if path == "/page":
+            return {"st_mode": stat.S_IFREG | 0o644, "st_nlink": 1, "st_size": 4096}
+        raise FuseOSError(errno.ENOENT)
+
+    def readdir(self, path, fh):
+        return [".", "..", "page"]
+
+    def open(self, path, flags):
+        return 0
+
+    def read(self, path, size, offset, fh):
+        threading.Event().wait()  # never answers
+
+def call(mnt):
+    while not os.path.exists(mnt + "/page"):
+        time.sleep(0.05)
+    fd = os.open("/dev/vgpu/nvidiactl", os.O_RDWR)
+    tree = nv.build_tree(fd)
+    f = os.open(mnt + "/page", os.O_RDONLY)
+    page = mmap.mmap(f, 4096, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+    lst = ctypes.addressof(ctypes.c_char.from_buffer(page))
+    print("started", flush=True)
+    r = nv.rm_control(fd, tree.client, tree.subdevice, nv.NV2080_CTRL_CMD_FB_GET_INFO,
+                      struct.pack("=I4xQ", 2, lst))
+    print(f"returned {r[:2]}", flush=True)
+
+mnt = tempfile.mkdtemp()
+server = os.fork()
+if server == 0:
+    FUSE(Stuck(), mnt, foreground=True)
+    os._exit(0)
+print(f"server {server}", flush=True)
+call(mnt)
+"""
+
+
+def _run_as(uid: int, code: str, *args: str, userns: bool = False) -> subprocess.Popen[str]:
+    argv = tenant_argv(code, userns=userns)
     argv[1:3] = [f"--reuid={uid}", f"--regid={uid}"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen([*argv, *args], env=env, cwd=ROOT, text=True,
@@ -185,6 +235,46 @@ def test_a_caller_stuck_on_its_own_page_can_be_killed(
         assert att.poll() is None, "the stuck call returned"
     finally:
         att.kill()
+        att.wait(timeout=60)
+    assert att.returncode == -9
+
+
+@pytest.fixture
+def fuse() -> None:
+    subprocess.run(["modprobe", "fuse"], check=False)
+    if not Path("/dev/fuse").exists():
+        pytest.skip("no /dev/fuse in this kernel")
+
+
+def test_a_fuse_page_that_never_answers_stalls_only_its_caller(
+        two_tenants: Daemon, fuse: None) -> None:
+    """The FUSE variant of the stuck page: the tenant (uid 1003 in a user and
+    mount namespace of its own) serves the list page from a FUSE file whose
+    reads never answer. The module copies the list in the caller's context,
+    so only the caller waits: the victim's calls are answered meanwhile. A
+    FUSE request already read by its server is waited for until the server
+    answers or goes (FUSE's rule, vgpu or not): the caller, killed, ends
+    once its server is killed too."""
+    att = _run_as(TENANT_UID, FUSE_STUCK, userns=True)
+    server = 0
+    try:
+        assert att.stdout is not None
+        first = att.stdout.readline().split()
+        assert first[:1] == ["server"], first
+        server = int(first[1])
+        assert att.stdout.readline().strip() == "started"
+        time.sleep(3)
+        under = _victim(3)
+        print(f"victim: {len(under['lat'])} calls, {under['failed']} failed, "
+              f"p99 {_p99(under['lat']):.2f} ms, max {max(under['lat']):.0f} ms while the "
+              "attacker waits on its FUSE page")
+        assert under["failed"] == 0, under
+        assert max(under["lat"]) < 1000, f"a victim call took {max(under['lat']):.0f} ms"
+        assert att.poll() is None, "the stuck call returned"
+    finally:
+        att.kill()
+        if server:
+            os.kill(server, signal.SIGKILL)
         att.wait(timeout=60)
     assert att.returncode == -9
 
