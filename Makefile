@@ -6,7 +6,7 @@
 #               built once from Debian's linux-source-6.1 and cached
 # and one for a machine with a real NVIDIA GPU (docs/hardware.md):
 #   make gpu-check   facts, recorded traces and their replay check, under out/gpu-check
-.PHONY: deps modules nvtrace demo test test-host test-vm test-debug lint bench gpu-check \
+.PHONY: deps modules nvtrace demo test test-host test-vm test-debug lint bench bench-probes gpu-check \
 	gpu-check-wheels clean
 
 deps:
@@ -42,6 +42,9 @@ lint:
 
 bench: modules
 	scripts/vm-run -- python tests/bench/bench_path.py
+
+bench-probes: modules
+	scripts/vm-run -- python tests/bench/bench_probes.py
 
 # Needs nothing but python3 and a C compiler; without a GPU it runs dry.
 gpu-check:

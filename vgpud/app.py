@@ -13,8 +13,9 @@ below (vgpud.core.observers: subjects never subscribe anyone):
     scheduler    -> D-Bus service        (shares)
 
 The D-Bus service's two are made when it starts. ``App`` runs what the upcall
-path does not: the D-Bus service, the scheduler's actuation and SIGHUP
-reloads; vgpud.daemon.Daemon calls it at each step of its lifecycle.
+path does not: the D-Bus service, the scheduler's actuation, the latency
+probes (vgpud.probes) and SIGHUP reloads; vgpud.daemon.Daemon calls it at
+each step of its lifecycle.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from vgpud.kernel.channel import ChannelError, GenlChannel
 from vgpud.kernel.codec import DecodeError
 from vgpud.policy.quota import QuotaPolicy
 from vgpud.policy.sched import SchedPolicy
+from vgpud.probes.service import ProbeService
 from vgpud.sched.activity import choose_source
 from vgpud.sched.actuator import ModuleActuator
 from vgpud.sched.service import SchedulerService
@@ -80,10 +82,11 @@ class Subscriptions:
 
 
 def build_quota(config_path: Path | None = None, dbus: str = "try",
-                inventory: Callable[[], list[GpuInfo]] = discover,
+                inventory: Callable[[], list[GpuInfo]] = discover, *, probes: bool = True,
                 ) -> tuple[SchedPolicy, App]:
     """The quota daemon's policy and the App around it (see the module doc);
-    StartupError on a bad config or state file."""
+    StartupError on a bad config or state file. ``probes`` False: no latency
+    probes, whatever the config says (--no-probes)."""
     config_path = config_path or DEFAULT_CONFIG_PATH
     try:
         config = load_config(config_path)
@@ -103,7 +106,10 @@ def build_quota(config_path: Path | None = None, dbus: str = "try",
     policy = SchedPolicy(quota, tracker)
     activity = choose_source([gpu.index for gpu in manager.gpus])
     scheduler = SchedulerService(manager, tracker, activity=activity)
-    app = App(manager, quota, tracker, scheduler, journal=journal, dbus=dbus, cgroups=cgroups)
+    probe_service = ProbeService(quota.context_tenant, enabled=probes and config.probes.enabled,
+                                 interval=config.probes.interval_ms / 1000)
+    app = App(manager, quota, tracker, scheduler, journal=journal, dbus=dbus, cgroups=cgroups,
+              probes=probe_service)
     subs = app.subscriptions
     if journal is not None:
         subs.add(ledger.observers, journal)
@@ -123,9 +129,11 @@ class App:
 
     def __init__(self, manager: Manager, quota: QuotaPolicy, tracker: GroupTracker,
                  scheduler: SchedulerService, *, journal: ChargeAndGroupJournal | None = None,
-                 dbus: str = "try", cgroups: CgroupPaths | None = None) -> None:
+                 dbus: str = "try", cgroups: CgroupPaths | None = None,
+                 probes: ProbeService | None = None) -> None:
         """``cgroups``: the paths the quota policy looks up for contexts opened
-        before this daemon, found at ``attach``."""
+        before this daemon, found at ``attach``. ``probes``: the latency probes,
+        started once the daemon is registered."""
         self.manager = manager
         self.quota = quota
         self.tracker = tracker
@@ -133,6 +141,7 @@ class App:
         self.journal = journal
         self.dbus = dbus
         self.cgroups = cgroups
+        self.probes = probes or ProbeService(quota.context_tenant, enabled=False)
         self.subscriptions = Subscriptions()
         self.service: AdminService | None = None
         self._bus: MessageBus | None = None
@@ -146,7 +155,7 @@ class App:
         bus = None
         try:
             bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
-            service = AdminService(self.manager, bus, self.scheduler)
+            service = AdminService(self.manager, bus, self.scheduler, self.probes)
             await service.start()
         except Exception as exc:
             if bus is not None:
@@ -186,6 +195,13 @@ class App:
 
     def start_scheduling(self, channel: GenlChannel) -> None:
         self.scheduler.start(ModuleActuator(channel))
+
+    def start_probes(self) -> None:
+        """Load the latency probes in the background (or say why not)."""
+        self.probes.start()
+
+    async def stop_probes(self) -> None:
+        await self.probes.stop()
 
     async def stop_scheduling(self) -> None:
         """Stop deciding and turn the groups back on (the channel still up)."""

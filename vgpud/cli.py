@@ -33,6 +33,8 @@ from vgpud.admin.client import AdminClient, DaemonUnavailable
 from vgpud.kernel import uapi
 from vgpud.kernel.channel import ChannelError, query_module_contexts, query_module_counters
 from vgpud.kernel.codec import DecodeError
+from vgpud.probes.histograms import Histogram
+from vgpud.probes.render import by_histogram, log2_lines, summary
 
 __all__ = ["main"]
 
@@ -385,6 +387,59 @@ def top(once: bool, as_json: bool, interval: float) -> None:
 
     with suppress(KeyboardInterrupt):
         _daemon(live)
+
+
+@main.command()
+@click.option("--tenant", "tenant_name", default=None, help="One tenant [default: all].")
+@click.option("--kind", default="", help="Calls of one kind: RM_ALLOC, RM_ALLOC:0x3e, "
+              "RM_CONTROL:0x20800a11, upcall:OPEN, SCHEDULE [default: all].")
+@click.option("--by-kind", is_flag=True, help="A histogram per call kind, not their sum.")
+@click.option("--watch", "interval", type=click.FloatRange(min=0.1), default=None,
+              is_flag=False, flag_value=2.0, help="Print again every N seconds [2].")
+@_json_option
+def latency(tenant_name: str | None, kind: str, by_kind: bool, interval: float | None,
+            as_json: bool) -> None:
+    """Per-tenant latency from the eBPF probes: ioctl total, upcall wait, driver
+    time, switch latency, slot wait, as log2 histograms with p50/p99."""
+
+    async def query(client: AdminClient) -> dict[str, list[list[Any]]]:
+        names = ([tenant_name] if tenant_name is not None
+                 else [t["name"] for t in await _tenants(client)])
+        return {name: await client.call("GetLatency", "ss", name, kind) for name in names}
+
+    async def watch(client: AdminClient) -> None:
+        while True:
+            _print_latency(await query(client), by_kind, as_json)
+            if interval is None:
+                return
+            await asyncio.sleep(interval)
+
+    with suppress(KeyboardInterrupt):
+        _daemon(watch)
+
+
+def _print_latency(rows: dict[str, list[list[Any]]], by_kind: bool, as_json: bool) -> None:
+    if as_json:
+        _echo_json({tenant: [
+            {"kind": call, "histogram": hist, "counts": counts, "sum_ns": sum_ns,
+             "mean_ns": Histogram.of(counts, sum_ns).mean_ns,
+             "p50_ns": Histogram.of(counts).percentile(0.5),
+             "p99_ns": Histogram.of(counts).percentile(0.99)}
+            for call, hist, counts, sum_ns in tenant_rows]
+            for tenant, tenant_rows in rows.items()})
+        return
+    for tenant, tenant_rows in rows.items():
+        hists = [((call, hist), Histogram.of(counts, sum_ns))
+                 for call, hist, counts, sum_ns in tenant_rows]
+        if not by_kind:
+            hists = [(("all", name), h) for name, h in sorted(by_histogram(hists).items())]
+        if not hists:
+            click.echo(f"tenant {tenant}: no calls")
+        for (call, name), h in hists:
+            click.echo(f"tenant {tenant}, {call}, {name}: {summary(h)}")
+            for line in log2_lines(h):
+                click.echo(line)
+            click.echo()
 
 
 @main.command()

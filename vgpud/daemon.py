@@ -107,6 +107,7 @@ class Daemon:
             return await self._serve_channel()
         finally:
             if self.app is not None:
+                await self.app.stop_probes()
                 self.app.close()
                 loop.remove_signal_handler(signal.SIGHUP)
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -128,6 +129,7 @@ class Daemon:
             self._startup = None
         if self.app is not None:
             self.app.start_scheduling(channel)
+            self.app.start_probes()
         await self._run(channel)
         await self._stop(channel)
         return 1 if self._force else 0
@@ -170,6 +172,7 @@ class Daemon:
     async def _stop(self, channel: GenlChannel) -> None:
         self._notifier.send("STOPPING=1")
         if self.app is not None:
+            await self.app.stop_probes()  # the vgpu module is not pinned past the stop
             await self.app.stop_scheduling()  # groups back on while the channel is up
         if not self._force:
             self._drain = asyncio.create_task(self._drain_channel(channel))
@@ -214,10 +217,13 @@ class Daemon:
 @click.option("--no-dbus", is_flag=True, help="Do not serve the admin API (quota policy).")
 @click.option("--require-dbus", is_flag=True,
               help="Exit (69) when the admin API cannot start on the system bus.")
+@click.option("--no-probes", is_flag=True,
+              help="Do not load the latency probes (quota policy), whatever the config says.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
 def main(config_path: Path | None, policy_spec: str | None, filter_specs: tuple[str, ...],
-         on_error: str, no_dbus: bool, require_dbus: bool, log_level: str) -> None:
+         on_error: str, no_dbus: bool, require_dbus: bool, no_probes: bool,
+         log_level: str) -> None:
     """The vgpud daemon: answers the vgpu kernel module's upcalls."""
     # Refusals are logged one by one: bounded per kind and tenant (lograte).
     handler = logging.StreamHandler(sys.stderr)
@@ -239,7 +245,7 @@ def main(config_path: Path | None, policy_spec: str | None, filter_specs: tuple[
 
             dbus = "off" if no_dbus else "require" if require_dbus else "try"
             try:
-                policy, app = build_quota(config_path, dbus)
+                policy, app = build_quota(config_path, dbus, probes=not no_probes)
             except StartupError as exc:
                 log.error("%s", exc)
                 sys.exit(EX_CONFIG)

@@ -14,12 +14,14 @@
  *
  * Accounting is measured ktime: every change of state first charges the
  * time since the engine's last mark, to the running group (busy, taken
- * from its pending work) or to idle.  Readers charge too, so counters are
- * exact at the moment they are read, and per engine busy + idle is the
- * time since load.  A slice that overruns its end (timer latency, a
- * stalled CPU) is charged in full and the overrun is owed: it shortens the
- * group's next slices, a whole turn being skipped for each slice owed (up
- * to NVSIM_MAX_DEBT_SLICES), so shares follow the time slices on average.
+ * from its pending work) or to idle, and to every group turned off while
+ * it has pending work (wait: the time a scheduler kept it from running).
+ * Readers charge too, so counters are exact at the moment they are read,
+ * and per engine busy + idle is the time since load.  A slice that
+ * overruns its end (timer latency, a stalled CPU) is charged in full and
+ * the overrun is owed: it shortens the group's next slices, a whole turn
+ * being skipped for each slice owed (up to NVSIM_MAX_DEBT_SLICES), so
+ * shares follow the time slices on average.
  *
  * Lifetimes: a group lives in its TSG object (nvsim_obj.tsg).  The object
  * is freed under nvsim_lock after nvsim_group_remove() has taken the group
@@ -41,6 +43,9 @@
 #include <linux/spinlock.h>
 
 #include "nvsim.h"
+
+#define CREATE_TRACE_POINTS
+#include "trace.h"
 
 /* Pending work per group is capped: a submission past it is refused. */
 #define NVSIM_MAX_PENDING_NS	(10 * NSEC_PER_SEC)
@@ -88,7 +93,7 @@ static u64 nvsim_group_slice_ns(const struct nvsim_group *g)
 static void nvsim_engine_charge(struct nvsim_engine *eng)
 {
 	ktime_t now = ktime_get();
-	struct nvsim_group *g = eng->running;
+	struct nvsim_group *g = eng->running, *w;
 	u64 delta = 0, work = 0;
 
 	if (ktime_after(now, eng->mark))
@@ -98,9 +103,14 @@ static void nvsim_engine_charge(struct nvsim_engine *eng)
 		work = min(delta, g->pending_ns);
 		g->pending_ns -= work;
 		g->busy_ns += work;
+		if (work && !g->pending_ns)
+			trace_nvsim_group_work(g->hclient, g->hgroup, 0);
 	}
 	eng->busy_ns += work;
 	eng->idle_ns += delta - work;
+	list_for_each_entry(w, &eng->groups, node)
+		if (!w->enabled && w->pending_ns)
+			w->wait_ns += delta;
 }
 
 /* Asks the kthread to pick again; eng->lock. */
@@ -240,6 +250,8 @@ void nvsim_group_remove(struct nvsim_group *g)
 
 	spin_lock(&eng->lock);
 	nvsim_engine_charge(eng);
+	if (g->pending_ns)
+		trace_nvsim_group_work(g->hclient, g->hgroup, 0);
 	list_del(&g->node);
 	if (eng->last == g)
 		eng->last = NULL;
@@ -300,6 +312,7 @@ u32 nvsim_group_submit(struct nvsim_group *g, u64 ns)
 		st = NV_ERR_INSUFFICIENT_RESOURCES;
 	} else {
 		g->pending_ns += ns;
+		trace_nvsim_group_work(g->hclient, g->hgroup, g->pending_ns);
 		nvsim_engine_resched(eng);
 	}
 	spin_unlock(&eng->lock);
@@ -326,16 +339,17 @@ static int nvsim_groups_show(struct seq_file *m, void *v)
 	struct nvsim_group *g;
 	unsigned int i;
 
-	seq_puts(m, "gpu client group tgid enabled timeslice_us pending_ns busy_ns\n");
+	seq_puts(m, "gpu client group tgid enabled timeslice_us pending_ns busy_ns wait_ns\n");
 	for (i = 0; i < nvsim_ngpus; i++) {
 		struct nvsim_engine *eng = &nvsim_engines[i];
 
 		spin_lock(&eng->lock);
 		nvsim_engine_charge(eng);
 		list_for_each_entry(g, &eng->groups, node)
-			seq_printf(m, "%u 0x%x 0x%x %d %d %llu %llu %llu\n", i,
-				   g->hclient, g->hgroup, g->tgid, g->enabled,
-				   g->timeslice_us, g->pending_ns, g->busy_ns);
+			seq_printf(m, "%u 0x%x 0x%x %d %d %llu %llu %llu %llu\n",
+				   i, g->hclient, g->hgroup, g->tgid, g->enabled,
+				   g->timeslice_us, g->pending_ns, g->busy_ns,
+				   g->wait_ns);
 		spin_unlock(&eng->lock);
 	}
 	return 0;

@@ -15,16 +15,33 @@
  *    (e.g. RM_ALLOC on nvidiaN) are -EINVAL;
  *  - NVSIM_ESC_SUBMIT_WORK (0xf0) is nvsim's own, on nvidiactl only, and
  *    behaves as an RM escape (exact size, status in params).
+ *
+ * For latency tests, the parameters delay_nr and delay_us (writable, as
+ * root) make every call of one escape (after XFER) sleep that long in the
+ * driver, after its handler ran: a known time spent in the driver.
  */
+#include <linux/delay.h>
 #include <linux/file.h>
 #include <linux/fs.h>
 #include <linux/ioctl.h>
+#include <linux/moduleparam.h>
 #include <linux/sched.h>
 #include <linux/slab.h>
 #include <linux/string.h>
 #include <linux/uaccess.h>
 
 #include "nvsim.h"
+
+/* Longest injected delay: one second. */
+#define NVSIM_DELAY_MAX_US	USEC_PER_SEC
+
+static int delay_nr = -1;
+module_param(delay_nr, int, 0644);
+MODULE_PARM_DESC(delay_nr, "escape number whose calls sleep delay_us (-1: none)");
+
+static unsigned int delay_us;
+module_param(delay_us, uint, 0644);
+MODULE_PARM_DESC(delay_us, "microseconds an escape of delay_nr sleeps (at most 1 s)");
 
 #define NVSIM_SIZE_ARRAY	0x1	/* a nonzero multiple of .size */
 #define NVSIM_SIZE_ALLOC	0x2	/* NVOS21 or NVOS64 */
@@ -249,6 +266,16 @@ static long nvsim_uvm_ioctl(struct nvsim_file *nf, unsigned int cmd,
 	return 0;
 }
 
+static void nvsim_delay(u32 nr)
+{
+	unsigned long us = min_t(unsigned long, READ_ONCE(delay_us),
+				 NVSIM_DELAY_MAX_US);
+
+	/* An hrtimer sleep with 1/16 of slack (fsleep's may double it). */
+	if (us && READ_ONCE(delay_nr) == (int)nr)
+		usleep_range(us, us + us / 16);
+}
+
 long nvsim_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 {
 	struct nvsim_file *nf = file->private_data;
@@ -289,6 +316,7 @@ long nvsim_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 	}
 
 	ret = nvsim_dispatch(file, nr, buf, size);
+	nvsim_delay(nr);
 
 	if (copy_to_user(uptr, buf, size))
 		ret = -EFAULT;

@@ -143,6 +143,7 @@ struct nvsim_group {
 	u64 timeslice_us;		/* SET_TIMESLICE */
 	u64 pending_ns;			/* work submitted, not yet run */
 	u64 busy_ns;			/* work run */
+	u64 wait_ns;			/* off (GPFIFO_SCHEDULE) with pending work */
 	u64 debt_ns;			/* slice overrun owed */
 };
 

@@ -579,9 +579,12 @@ static long vgpu_slow_apply(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 	}
 }
 
-/* A call some rule may select: prepare, upcall, apply the verdict. */
+/*
+ * A call some rule may select: prepare, upcall, apply the verdict. @key is
+ * set to the value that selected the rule (0: none did).
+ */
 static long vgpu_ioctl_slow(struct vgpu_ctx *ctx, const struct vgpu_call *c,
-			    u32 copy_size)
+			    u32 copy_size, u32 *key)
 {
 	struct vgpu_slow s = {};
 	struct vgpu_verdict v;
@@ -598,6 +601,9 @@ static long vgpu_ioctl_slow(struct vgpu_ctx *ctx, const struct vgpu_call *c,
 		ret = vgpu_forward_checked(ctx, c, &s, copy_size);
 		goto out;
 	}
+	/* vgpu_filter_match checked match_off against the params' size. */
+	if (s.rule.match_off != VGPU_OFF_NONE)
+		*key = get_unaligned((const u32 *)(s.params + s.rule.match_off));
 	out = vgpu_upcall(&s.m, &v);
 	if (out < 0)
 		ret = out;
@@ -624,7 +630,7 @@ static long vgpu_ioctl_plain(struct vgpu_ctx *ctx, unsigned int cmd, u32 nr,
 	trace_vgpu_ioctl_enter(ctx->id, cmd, nr);
 	if (b->f_op->unlocked_ioctl)
 		ret = b->f_op->unlocked_ioctl(b, cmd, arg);
-	trace_vgpu_ioctl_exit(ctx->id, nr, ret, false);
+	trace_vgpu_ioctl_exit(ctx->id, nr, ret, false, 0);
 	return ret;
 }
 
@@ -639,7 +645,7 @@ static long vgpu_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 		.arg = arg,
 	};
 	struct nv_ioctl_xfer xfer;
-	u32 copy_size;
+	u32 copy_size, key = 0;
 	bool slow = false;
 	long ret;
 
@@ -677,11 +683,11 @@ static long vgpu_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 	copy_size = c.size;
 	if (vgpu_filter_candidates(c.node, c.nr, &copy_size)) {
 		slow = true;
-		ret = vgpu_ioctl_slow(ctx, &c, copy_size);
+		ret = vgpu_ioctl_slow(ctx, &c, copy_size, &key);
 	} else {
 		ret = vgpu_forward(ctx, &c, NULL);
 	}
-	trace_vgpu_ioctl_exit(ctx->id, c.nr, ret, slow);
+	trace_vgpu_ioctl_exit(ctx->id, c.nr, ret, slow, key);
 	return ret;
 }
 

@@ -24,20 +24,27 @@ TRACE_EVENT(vgpu_ioctl_enter,
 		      __entry->ctx_id, __entry->cmd, __entry->nr)
 );
 
+/*
+ * @key is what selected the call's rule, read from the module's copy of
+ * its params (an object class, a control command, a VID_HEAP function):
+ * 0 when no rule selected it. eBPF probes (ebpf/) key histograms by it.
+ */
 TRACE_EVENT(vgpu_ioctl_exit,
-	    TP_PROTO(u64 ctx_id, u32 nr, s64 ret, u32 slow),
-	    TP_ARGS(ctx_id, nr, ret, slow),
+	    TP_PROTO(u64 ctx_id, u32 nr, s64 ret, u32 slow, u32 key),
+	    TP_ARGS(ctx_id, nr, ret, slow, key),
 	    TP_STRUCT__entry(__field(u64, ctx_id)
 			     __field(s64, ret)
 			     __field(u32, nr)
-			     __field(u32, slow)),
+			     __field(u32, slow)
+			     __field(u32, key)),
 	    TP_fast_assign(__entry->ctx_id = ctx_id;
 			   __entry->ret = ret;
 			   __entry->nr = nr;
-			   __entry->slow = slow;),
-	    TP_printk("ctx=%llu nr=0x%x ret=%lld slow=%u",
+			   __entry->slow = slow;
+			   __entry->key = key;),
+	    TP_printk("ctx=%llu nr=0x%x ret=%lld slow=%u key=0x%x",
 		      __entry->ctx_id, __entry->nr, __entry->ret,
-		      __entry->slow)
+		      __entry->slow, __entry->key)
 );
 
 TRACE_EVENT(vgpu_upcall_send,

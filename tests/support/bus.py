@@ -124,9 +124,10 @@ class PrivateBus:
 class ServiceThread:
     """Manager + AdminService on the system bus, served by a thread's event loop."""
 
-    def __init__(self, manager: Manager, scheduler: Any = None) -> None:
+    def __init__(self, manager: Manager, scheduler: Any = None, probes: Any = None) -> None:
         self.manager = manager
         self.scheduler = scheduler
+        self.probes = probes
         self._loop = asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
         self._started: Future[None] = Future()
@@ -161,7 +162,7 @@ class ServiceThread:
         self._stop = asyncio.Event()
         bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
         try:
-            service = AdminService(self.manager, bus, self.scheduler)
+            service = AdminService(self.manager, bus, self.scheduler, self.probes)
             await service.start()
             self.manager.observers.subscribe(service)  # as vgpud.app does
             if self.scheduler is not None:

@@ -97,10 +97,10 @@ def ask(tenant: subprocess.Popen[str]) -> list[int]:
     return json.loads(tenant.stdout.readline())
 
 
-def tenant_argv(code: str, *, userns: bool = False) -> list[str]:
-    """argv that runs Python `code` as TENANT_UID (in a new user+mount namespace
-    if userns), with the repository importable."""
-    argv = ["setpriv", f"--reuid={TENANT_UID}", f"--regid={TENANT_GID}", "--clear-groups",
+def tenant_argv(code: str, *, userns: bool = False, uid: int = TENANT_UID) -> list[str]:
+    """argv that runs Python `code` as `uid` (TENANT_UID; its gid the same number)
+    (in a new user+mount namespace if userns), with the repository importable."""
+    argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
             "--inh-caps=-all"]
     if userns:
         argv += ["unshare", "--user", "--map-root-user", "--mount"]
@@ -108,7 +108,7 @@ def tenant_argv(code: str, *, userns: bool = False) -> list[str]:
 
 
 def spawn_tenant(code: str, *, userns: bool = False, cgroup: Path | None = None,
-                 stdin: bool = False) -> subprocess.Popen[str]:
+                 stdin: bool = False, uid: int = TENANT_UID) -> subprocess.Popen[str]:
     """Start the attack; it is placed in `cgroup` (cgroup v2 dir) before it runs.
     With `stdin`, the test can write to its stdin (a pipe)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -118,7 +118,8 @@ def spawn_tenant(code: str, *, userns: bool = False, cgroup: Path | None = None,
 
         def pre() -> None:
             procs.write_text(str(os.getpid()))
-    return subprocess.Popen(tenant_argv(code, userns=userns), env=env, cwd=ROOT, text=True,
+    return subprocess.Popen(tenant_argv(code, userns=userns, uid=uid), env=env, cwd=ROOT,
+                            text=True,
                             stdin=subprocess.PIPE if stdin else None,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=pre)
 

@@ -565,7 +565,7 @@ def map_and_mmap(ctl: int, gpu_fd: int, tree_client: int, hdevice: int, hmemory:
 
 PROC_GROUPS = "/proc/driver/nvsim/groups"
 PROC_ENGINES = "/proc/driver/nvsim/engines"
-PROC_GROUPS_HEADER = "gpu client group tgid enabled timeslice_us pending_ns busy_ns"
+PROC_GROUPS_HEADER = "gpu client group tgid enabled timeslice_us pending_ns busy_ns wait_ns"
 PROC_ENGINES_HEADER = "gpu busy_ns idle_ns switches"
 
 
@@ -587,6 +587,7 @@ class ProcGroup:
     timeslice_us: int
     pending_ns: int
     busy_ns: int
+    wait_ns: int  # off (GPFIFO_SCHEDULE) with pending work
 
 
 @dataclass(frozen=True)
@@ -661,7 +662,7 @@ def _proc_rows(path: str, header: str) -> list[list[int]]:
 
 def proc_groups() -> list[ProcGroup]:
     """/proc/driver/nvsim/groups, one entry per channel group."""
-    return [ProcGroup(r[0], r[1], r[2], r[3], bool(r[4]), r[5], r[6], r[7])
+    return [ProcGroup(r[0], r[1], r[2], r[3], bool(r[4]), r[5], r[6], r[7], r[8])
             for r in _proc_rows(PROC_GROUPS, PROC_GROUPS_HEADER)]
 
 

@@ -69,14 +69,18 @@ def main() -> None:
     busy = [True] * len(tenants)
     index = {(client, group): i for i, (_, client, group) in enumerate(tenants)}
     period = args.period_ms / 1000
+    pending = b""  # commands read, not yet whole lines
     while True:
-        ready, _, _ = select.select([sys.stdin], [], [], period)
+        # os.read, not sys.stdin: lines Python buffered would not wake select.
+        ready, _, _ = select.select([0], [], [], period)
         if ready:
-            line = sys.stdin.readline()
-            if not line:
+            chunk = os.read(0, 4096)
+            if not chunk:
                 break
-            what, _, which = line.partition(" ")
-            busy[int(which)] = what == "busy"
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                what, _, which = line.decode().partition(" ")
+                busy[int(which)] = what == "busy"
         for g in nv.proc_groups():
             i = index.get((g.client, g.group))
             if i is not None and busy[i] and g.pending_ns < target:

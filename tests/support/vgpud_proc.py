@@ -20,8 +20,11 @@ class Daemon:
     Its output goes to a log file (`log()`), or to ours with `echo=True`.
     """
 
-    def __init__(self, *args: str, log_level: str = "debug", echo: bool = False) -> None:
-        self.args = ("--log-level", log_level, *args)
+    def __init__(self, *args: str, log_level: str = "debug", echo: bool = False,
+                 probes: bool = False) -> None:
+        """``probes``: load the latency probes (a bcc compile: 6-20 s of the
+        guest's CPU); off unless a test is about them."""
+        self.args = ("--log-level", log_level, *(() if probes else ("--no-probes",)), *args)
         self.echo = echo
         self.dir = tempfile.mkdtemp(prefix="vgpud-")
         self.log_path = Path(self.dir) / "vgpud.log"

@@ -74,6 +74,12 @@ def test_empty_file_gives_defaults(tmp_path: Path) -> None:
     assert config.daemon == DaemonSettings()
     assert config.daemon.default_tenant is None
     assert config.daemon.state_path == DEFAULT_STATE_PATH
+    assert config.probes.enabled and config.probes.interval_ms == 1000
+
+
+def test_probes_section(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, "[probes]\nenabled = false\ninterval_ms = 250\n"))
+    assert (config.probes.enabled, config.probes.interval_ms) == (False, 250)
 
 
 TENANT_A = '[[tenant]]\nname = "a"\n'
@@ -112,6 +118,10 @@ TENANT_A = '[[tenant]]\nname = "a"\n'
         (TENANT_A + "pids = [7]\n" + '[[tenant]]\nname = "b"\npids = [7]', "tenant[1].pids",
          "pid 7 is already bound to 'a'"),
         ("[daemon\n", "", "invalid TOML"),
+        ("[probes]\nenabled = 1", "probes.enabled", "valid boolean"),
+        ("[probes]\ninterval_ms = 50", "probes.interval_ms", "greater than or equal to 100"),
+        ("[probes]\ninterval_ms = 60001", "probes.interval_ms", "less than or equal to 60000"),
+        ("[probes]\nheaders = \"/usr/src\"", "probes.headers", "unknown key"),
     ],
 )  # fmt: skip
 def test_errors_name_file_key_problem(

@@ -81,7 +81,8 @@ def test_reads(service: ServiceThread) -> None:
     assert call("GetGpus") == [(0, "NVIDIA H100 (sim)", 80 * GIB, 0),
                                (1, "NVIDIA H100 (sim)", 80 * GIB, 0)]
     assert with_client(lambda c: c.manager_properties()) == {
-        "Version": "0.1.0", "DefaultTenant": "shared"
+        "Version": "0.1.0", "DefaultTenant": "shared",
+        "Probes": "off: not part of this daemon",
     }
     assert tenant("alice") == {
         "Name": "alice", "MemoryLimit": "8GiB", "MemoryLimitBytes": {0: 8 * GIB, 1: 8 * GIB},

@@ -16,7 +16,8 @@ import pytest
 IO_MODULES = ("asyncio", "subprocess", "dbus_fast", "pyroute2", "bcc", "pynvml", "mfusepy")
 # vgpud's rooms with sockets, files or the clock.
 IO_ROOMS = ("vgpud.store", "vgpud.host", "vgpud.sched", "vgpud.admin", "vgpud.app",
-            "vgpud.daemon", "vgpud.kernel.channel")
+            "vgpud.daemon", "vgpud.kernel.channel", "vgpud.probes.bcc_probes",
+            "vgpud.probes.service")
 
 
 def loaded_after(*modules: str) -> set[str]:
@@ -37,6 +38,7 @@ SANS_IO = [
     "vgpud.core.shares", "vgpud.core.observers", "vgpud.nvidia.layouts",
     "vgpud.kernel.codec", "vgpud.policy.dispatch", "vgpud.policy.quota",
     "vgpud.policy.sched", "vgpud.policy.simple", "vgpud.policy.rules",
+    "vgpud.probes.histograms", "vgpud.probes.layout", "vgpud.probes.render",
 ]
 
 
@@ -58,4 +60,5 @@ def test_cli_reaches_the_daemon_only_over_dbus() -> None:
     loaded = loaded_after("vgpud.cli")
     assert offenders(loaded, ("vgpud.policy", "vgpud.core.ledger", "vgpud.core.tdma",
                               "vgpud.store", "vgpud.sched", "vgpud.app", "vgpud.daemon",
-                              "vgpud.admin.manager", "vgpud.admin.dbus")) == []
+                              "vgpud.admin.manager", "vgpud.admin.dbus",
+                              "vgpud.probes.bcc_probes", "vgpud.probes.service")) == []

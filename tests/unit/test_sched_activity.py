@@ -13,7 +13,7 @@ from vgpud.core.groups import Group, GroupTracker
 from vgpud.sched.activity import NvmlActivity, NvsimActivity, choose_source
 
 MS = 1_000_000
-HEADER = "gpu client group tgid enabled timeslice_us pending_ns busy_ns\n"
+HEADER = "gpu client group tgid enabled timeslice_us pending_ns busy_ns wait_ns\n"
 
 
 def tracker(*groups: Group) -> GroupTracker:
@@ -31,7 +31,7 @@ B1 = Group(3, "b", 1, 0xC3, 0x100, 0x11, 502)
 
 def line(g: Group, pending: int, busy: int, gpu: int | None = None) -> str:
     return (f"{g.gpu if gpu is None else gpu} {g.client:#x} {g.handle:#x} {g.tgid} 1 1024 "
-            f"{pending} {busy}\n")
+            f"{pending} {busy} 0\n")
 
 
 def test_nvsim_runnable_and_busy(tmp_path: Path) -> None:

@@ -60,6 +60,7 @@ from vgpud.admin.names import (
 )
 from vgpud.core.ledger import Denied
 from vgpud.core.shares import SharesChanged
+from vgpud.probes.histograms import Histogram
 
 __all__ = ["BUS_NAME", "MANAGER_PATH", "AdminService", "introspection_xml", "tenant_path"]
 
@@ -88,6 +89,7 @@ Indexes = Annotated[list[int], DBusSignature("au")]
 ObjectCounts = Annotated[dict[str, int], DBusSignature("a{su}")]
 TenantRef = Annotated[list[str], DBusSignature("so")]
 QuotaBody = Annotated[list[Any], DBusSignature("suttt")]
+LatencyList = Annotated[list[list[Any]], DBusSignature("a(ssatt)")]
 NoReply = Annotated[None, DBusSignature("")]
 
 # CreateTenant / UpdateTenant options: key -> (variant signature, Tenant field).
@@ -120,6 +122,17 @@ _PROPERTIES = {
     CONTEXTS: ("Contexts",),
     SHARES: ("Share", "MeasuredShare"),
 }
+
+class Latency(Protocol):
+    """What the Manager object reads of the latency probes (ProbeService)."""
+
+    status: str
+
+    @property
+    def on(self) -> bool: ...
+
+    def latency(self, tenant: str, kind: str = "") -> dict[tuple[str, str], Histogram]: ...
+
 
 class Shares(Protocol):
     """What the Tenant objects read of the scheduler (SchedulerService)."""
@@ -252,6 +265,26 @@ class ManagerInterface(ServiceInterface):
         with _dbus_errors():
             self._manager.reload()
 
+    @dbus_property(access=PropertyAccess.READ)
+    def Probes(self) -> DBusStr:
+        """"on: <attach points>", "loading", or "off: <why>"."""
+        probes = self._service.probes
+        return probes.status if probes is not None else "off: not part of this daemon"
+
+    @dbus_method()
+    def GetLatency(self, tenant: DBusStr, kind: DBusStr) -> LatencyList:
+        """(call kind, histogram, counts by log2 bucket, sum of ns) of the tenant's
+        calls of ``kind``."""
+        probes = self._service.probes
+        if probes is None or not probes.on:
+            status = probes.status if probes is not None else "off"
+            raise DBusError(ERROR + "ProbesOff", f"latency probes are {status}")
+        with _dbus_errors():
+            self._service.manager.tenant(tenant)
+        hists = probes.latency(tenant, kind)
+        return [[call, hist, list(h.counts), h.sum_ns]
+                for (call, hist), h in sorted(hists.items())]
+
     async def _update(self, name: str, changes: Mapping[str, object]) -> None:
         await self._service.authorize()
         with _dbus_errors():
@@ -367,10 +400,11 @@ class AdminService:
     observes the Manager and the scheduler (``notify``)."""
 
     def __init__(self, manager: Manager, bus: MessageBus,
-                 scheduler: Shares | None = None) -> None:
+                 scheduler: Shares | None = None, probes: Latency | None = None) -> None:
         self.manager = manager
         self.bus = bus
         self.scheduler = scheduler
+        self.probes = probes
         self._interface = ManagerInterface(self)
         self._tenants: dict[str, TenantInterface] = {}
         self._dirty: dict[str, set[str]] = {}

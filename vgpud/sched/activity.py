@@ -113,7 +113,7 @@ class NvsimActivity:
         last, busy, by_id = self._last, self._busy, groups.by_id
         for line in raw.split(b"\n")[1:]:
             fields = line.split()
-            if len(fields) != 8:
+            if len(fields) < 8:  # later columns (wait_ns) are not read
                 if line:
                     self.bad_lines += 1
                 continue

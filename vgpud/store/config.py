@@ -7,6 +7,10 @@
     state_path = "/var/lib/vgpud/state.json"
     charges_path = "/run/vgpud/charges"   # charge journal (a tmpfs: kept across restarts)
 
+    [probes]
+    enabled = true                 # latency probes (bcc), when bcc, headers and tracefs allow
+    interval_ms = 1000             # how often the daemon reads their maps
+
     [[tenant]]
     name = "alice"
     memory = "8GiB"                # per GPU: bytes, 8GiB, 512MiB, or 50% of the device
@@ -68,10 +72,18 @@ class DaemonSettings(BaseModel):
     charges_path: Path = DEFAULT_CHARGES_PATH
 
 
+class ProbeSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(default=True, strict=True)
+    interval_ms: Annotated[int, Field(strict=True, ge=100, le=60_000)] = 1000
+
+
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     daemon: DaemonSettings = DaemonSettings()
+    probes: ProbeSettings = ProbeSettings()
     tenants: tuple[Tenant, ...] = Field(default=(), validation_alias="tenant")
 
 

@@ -1,0 +1,166 @@
+"""vgpud.probes.service and the probes' availability checks, without bcc."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from vgpud.probes import bcc_probes
+from vgpud.probes.bcc_probes import ProbesUnavailable, unavailable_reason
+from vgpud.probes.layout import LAT_SLOTS, LAT_TOTAL, lat_call
+from vgpud.probes.service import ProbeService
+
+CALL = lat_call(0x2B, 0x40)
+
+
+class FakeProbes:
+    """LatencyProbes' surface: a map the test fills, reloads it can simulate."""
+
+    def __init__(self, source: Path) -> None:
+        self.source = source
+        self.map: dict[tuple[int, int, int], list[int]] = {}
+        self.attach_points = ["tracepoint vgpu:vgpu_ioctl_enter"]
+        self.is_stale = False
+        self.can_reattach = True
+        self.reattached = 0
+        self.closed = False
+        self.fail: str | None = None
+
+    def load(self) -> list[str]:
+        if self.fail:
+            raise ProbesUnavailable(self.fail)
+        return self.attach_points
+
+    def stale(self) -> bool:
+        return self.is_stale
+
+    def reattach(self) -> bool:
+        if self.can_reattach:
+            self.is_stale = False
+            self.reattached += 1
+        return self.can_reattach
+
+    def read(self) -> dict[tuple[int, int, int], list[int]]:
+        return dict(self.map)
+
+    def delete(self, keys: list[tuple[int, int, int]]) -> None:
+        for key in keys:
+            del self.map[key]
+
+    def dropped(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def service(tenants: dict[int, str], fake: FakeProbes, **kw: object) -> ProbeService:
+    return ProbeService(tenants.get, interval=3600, source=Path("/x.bpf.c"),
+                        reason=lambda: None, make_probes=lambda _: fake, **kw)  # type: ignore[arg-type]
+
+
+async def started(svc: ProbeService) -> None:
+    svc.start()
+    for _ in range(100):
+        if svc.status != "loading":
+            return
+        await asyncio.sleep(0.01)
+
+
+def test_off_says_why(caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        svc = ProbeService(lambda _: None, reason=lambda: "tracefs is not mounted at /t")
+        svc.start()
+        assert svc.status == "off: tracefs is not mounted at /t" and not svc.on
+        disabled = ProbeService(lambda _: None, enabled=False)
+        disabled.start()
+        assert disabled.status.startswith("off: disabled")
+        await svc.stop()
+        assert svc.status == "off: tracefs is not mounted at /t"
+
+    asyncio.run(main())
+    assert "latency probes off: tracefs is not mounted" in caplog.text
+
+
+def test_a_failed_load_is_off_with_bccs_reason() -> None:
+    async def main() -> None:
+        fake = FakeProbes(Path())
+        fake.fail = "bcc could not load vgpu_latency.bpf.c: clang error"
+        svc = service({}, fake)
+        await started(svc)
+        assert svc.status == f"off: {fake.fail}"
+        assert fake.closed
+
+    asyncio.run(main())
+
+
+def test_reads_fold_and_trim_closed_contexts() -> None:
+    async def main() -> None:
+        fake = FakeProbes(Path())
+        tenants = {1: "a"}
+        svc = service(tenants, fake)
+        await started(svc)
+        assert svc.on and svc.attach_seconds is not None
+        fake.map[(1, LAT_TOTAL, CALL)] = [0] * 10 + [4] + [0] * (LAT_SLOTS - 11) + [400]
+        await svc.read()
+        assert svc.latency("a")[("RM_ALLOC:0x40", "total")].total == 4
+        del tenants[1]
+        await svc.read()
+        assert fake.map == {}
+        assert svc.latency("a")[("RM_ALLOC:0x40", "total")].total == 4
+        await svc.stop()
+        assert fake.closed and svc.status == "off: stopped"
+
+    asyncio.run(main())
+
+
+def test_a_reloaded_module_is_followed() -> None:
+    async def main() -> None:
+        fake = FakeProbes(Path())
+        svc = service({}, fake)
+        await started(svc)
+        fake.is_stale, fake.can_reattach = True, False
+        await svc.read()
+        assert svc.status.startswith("off: waiting for the vgpu tracepoints")
+        fake.can_reattach = True
+        await svc.read()
+        assert svc.on and fake.reattached == 1
+        await svc.stop()
+
+    asyncio.run(main())
+
+
+def test_unavailable_reasons(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tracefs, modules = tmp_path / "tracing", tmp_path / "modules"
+
+    def why(caps: int = 1 << bcc_probes.CAP_SYS_ADMIN) -> str | None:
+        return unavailable_reason(tracefs, modules, lambda: caps)
+
+    # The shipped unit's bounding set: CAP_NET_ADMIN (12) alone.
+    assert "needs CAP_BPF and CAP_PERFMON" in str(why(1 << 12))
+    assert "needs CAP_BPF and CAP_PERFMON" in str(why(1 << bcc_probes.CAP_BPF))
+    assert "tracefs is not mounted" in str(why())
+    assert "tracefs is not mounted" in str(
+        why(1 << bcc_probes.CAP_BPF | 1 << bcc_probes.CAP_PERFMON))
+    (tracefs / "events").mkdir(parents=True)
+    assert "tracepoints are absent" in str(why())
+    (tracefs / "events/vgpu").mkdir()
+    monkeypatch.delenv("BCC_KERNEL_SOURCE", raising=False)
+    assert "no kernel headers" in str(why())
+    (modules / os.uname().release / "build").mkdir(parents=True)
+    monkeypatch.setitem(sys.modules, "bcc", None)  # import bcc -> ImportError
+    assert "bcc is not importable" in str(why())
+
+
+def test_effective_caps(tmp_path: Path) -> None:
+    status = tmp_path / "status"
+    status.write_text("Name:\tvgpud\nCapInh:\t0\nCapEff:\t0000000000001000\n")
+    assert bcc_probes.effective_caps(status) == 1 << 12
+
+
+def test_the_source_is_found_in_the_checkout() -> None:
+    assert bcc_probes.find_source().name == "vgpu_latency.bpf.c"

@@ -1,0 +1,9 @@
+"""Per-context latency from eBPF probes (bcc) on the vgpu module's tracepoints.
+
+``layout`` mirrors ebpf/vgpu_latency.h (the histogram key the BPF program and
+the daemon share); ``histograms`` is the pure part: log2 histograms, the
+names of calls, and the book that folds per-context counts into per-tenant
+histograms; ``bcc_probes`` compiles and attaches ebpf/vgpu_latency.bpf.c and
+reads its maps; ``service`` runs that on the event loop at an interval and
+says why when the probes are off. See docs/architecture.md (Latency probes).
+"""

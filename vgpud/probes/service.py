@@ -1,0 +1,129 @@
+"""The latency probes on the event loop: load at start, read at an interval.
+
+The compile and every map access run in a worker thread (bcc blocks); the
+loop only folds the counts (vgpud.probes.histograms). ``status`` says what
+the probes are doing, or why they are off, for the log and D-Bus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from vgpud.probes.bcc_probes import (
+    LatencyProbes,
+    ProbesUnavailable,
+    find_source,
+    unavailable_reason,
+)
+from vgpud.probes.histograms import Histogram, LatencyBook
+
+__all__ = ["ProbeService"]
+
+log = logging.getLogger("vgpud.probes")
+
+
+class ProbeService:
+    """``tenant_of``: a context's tenant (None: unknown or closed)."""
+
+    def __init__(self, tenant_of: Callable[[int], str | None], *, enabled: bool = True,
+                 interval: float = 1.0, source: Path | None = None,
+                 reason: Callable[[], str | None] = unavailable_reason,
+                 make_probes: Callable[[Path], LatencyProbes] = LatencyProbes) -> None:
+        self._tenant_of = tenant_of
+        self._enabled = enabled
+        self._interval = interval
+        self._source = source
+        self._reason = reason
+        self._make_probes = make_probes
+        self._probes: LatencyProbes | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.book = LatencyBook()
+        self.status = "off: not started"
+        self.attach_seconds: float | None = None
+        self.dropped = 0
+
+    @property
+    def on(self) -> bool:
+        return self.status.startswith("on")
+
+    def start(self) -> None:
+        """Check what the probes need and load them in the background."""
+        if not self._enabled:
+            self._off("disabled (probes.enabled = false, or --no-probes)")
+            return
+        why = self._reason()
+        if why is not None:
+            self._off(why)
+            return
+        try:
+            source = self._source or find_source()
+        except ProbesUnavailable as exc:
+            self._off(str(exc))
+            return
+        self.status = "loading"
+        self._task = asyncio.create_task(self._run(source), name="latency probes")
+
+    def _off(self, why: str) -> None:
+        self.status = f"off: {why}"
+        log.warning("latency probes off: %s", why)
+
+    async def _run(self, source: Path) -> None:
+        t0 = time.monotonic()
+        probes = self._make_probes(source)
+        try:
+            points = await asyncio.to_thread(probes.load)
+        except ProbesUnavailable as exc:
+            await asyncio.to_thread(probes.close)
+            self._off(str(exc))
+            return
+        self._probes = probes
+        self.attach_seconds = time.monotonic() - t0
+        self.status = "on: " + ", ".join(points)
+        log.info("latency probes attached in %.1f s: %s", self.attach_seconds,
+                 ", ".join(points))
+        while True:
+            await asyncio.sleep(self._interval)
+            try:
+                await self.read()
+            except Exception:  # one bad read must not end the probes
+                log.exception("reading the latency probes failed")
+
+    async def read(self) -> None:
+        """Fold the map into the book, trim closed contexts, follow reloads."""
+        probes = self._probes
+        if probes is None:
+            return
+        if await asyncio.to_thread(probes.stale):
+            if not await asyncio.to_thread(probes.reattach):
+                if self.on:
+                    self.status = "off: waiting for the vgpu tracepoints (module unloaded)"
+                    log.warning("latency probes: %s", self.status)
+                return
+            self.status = "on: " + ", ".join(probes.attach_points)
+            log.info("latency probes attached again: %s", ", ".join(probes.attach_points))
+        counts = await asyncio.to_thread(probes.read)
+        gone = self.book.update(counts, self._tenant_of)
+        if gone:
+            await asyncio.to_thread(probes.delete, gone)
+        self.dropped = await asyncio.to_thread(probes.dropped)
+
+    def latency(self, tenant: str, kind: str = "") -> dict[tuple[str, str], Histogram]:
+        return self.book.histograms(tenant, kind)
+
+    async def stop(self) -> None:
+        """Detach (the module is no longer pinned once this returns)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._probes is not None:
+            await asyncio.to_thread(self._probes.close)
+            self._probes = None
+        if self.on or self.status == "loading":
+            self.status = "off: stopped"
