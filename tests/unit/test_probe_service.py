@@ -29,6 +29,7 @@ class FakeProbes:
         self.reattached = 0
         self.closed = False
         self.fail: str | None = None
+        self.drops = 0
 
     def load(self) -> list[str]:
         if self.fail:
@@ -52,7 +53,7 @@ class FakeProbes:
             del self.map[key]
 
     def dropped(self) -> int:
-        return 0
+        return self.drops
 
     def close(self) -> None:
         self.closed = True
@@ -74,7 +75,7 @@ async def started(svc: ProbeService) -> None:
 def test_off_says_why(caplog: pytest.LogCaptureFixture) -> None:
     async def main() -> None:
         svc = ProbeService(lambda _: None, reason=lambda: "tracefs is not mounted at /t")
-        svc.start()
+        await started(svc)
         assert svc.status == "off: tracefs is not mounted at /t" and not svc.on
         disabled = ProbeService(lambda _: None, enabled=False)
         disabled.start()
@@ -109,8 +110,9 @@ def test_reads_fold_and_trim_closed_contexts() -> None:
         await svc.read()
         assert svc.latency("a")[("RM_ALLOC:0x40", "total")].total == 4
         del tenants[1]
+        fake.drops = 3
         await svc.read()
-        assert fake.map == {}
+        assert fake.map == {} and svc.dropped == 3
         assert svc.latency("a")[("RM_ALLOC:0x40", "total")].total == 4
         await svc.stop()
         assert fake.closed and svc.status == "off: stopped"

@@ -364,9 +364,14 @@ def test_proc_views(ctl):
     b.submit(5 * MS)
     line = next(x for x in PROC_DIR.joinpath("groups").read_text().splitlines()
                 if x.startswith("0 "))
-    assert line == f"0 {b.client:#x} {b.handle:#x} {os.getpid()} 0 3000 {5 * MS} 0"
-    # Handles are per client: a row is named by client and group.
+    head, _, wait = line.rpartition(" ")
+    assert head == f"0 {b.client:#x} {b.handle:#x} {os.getpid()} 0 3000 {5 * MS} 0"
+    # Off with work pending: b waits (wait_ns grows); a, on, never waited.
+    time.sleep(0.05)
     rows = {(p.client, p.group): p for p in nv.proc_groups()}
+    assert rows[b.client, b.handle].wait_ns > int(wait) > 0
+    assert rows[a.client, a.handle].wait_ns == 0
+    # Handles are per client: a row is named by client and group.
     assert len(rows) == 2
     # GET_WORK_STATS and the proc view agree (both are still).
     for g in (a, b):

@@ -45,18 +45,28 @@ class ProbeService:
         self.book = LatencyBook()
         self.status = "off: not started"
         self.attach_seconds: float | None = None
-        self.dropped = 0
+        self.dropped = 0  # events the BPF program could not count (a full map)
 
     @property
     def on(self) -> bool:
         return self.status.startswith("on")
 
     def start(self) -> None:
-        """Check what the probes need and load them in the background."""
+        """Check what the probes need and load them, in the background (the
+        checks import bcc: seconds in a slow guest)."""
         if not self._enabled:
             self._off("disabled (probes.enabled = false, or --no-probes)")
             return
-        why = self._reason()
+        self.status = "loading"
+        self._task = asyncio.create_task(self._run(), name="latency probes")
+
+    def _off(self, why: str) -> None:
+        self.status = f"off: {why}"
+        log.warning("latency probes off: %s", why)
+
+    async def _run(self) -> None:
+        t0 = time.monotonic()
+        why = await asyncio.to_thread(self._reason)
         if why is not None:
             self._off(why)
             return
@@ -65,15 +75,6 @@ class ProbeService:
         except ProbesUnavailable as exc:
             self._off(str(exc))
             return
-        self.status = "loading"
-        self._task = asyncio.create_task(self._run(source), name="latency probes")
-
-    def _off(self, why: str) -> None:
-        self.status = f"off: {why}"
-        log.warning("latency probes off: %s", why)
-
-    async def _run(self, source: Path) -> None:
-        t0 = time.monotonic()
         probes = self._make_probes(source)
         try:
             points = await asyncio.to_thread(probes.load)
@@ -110,7 +111,11 @@ class ProbeService:
         gone = self.book.update(counts, self._tenant_of)
         if gone:
             await asyncio.to_thread(probes.delete, gone)
-        self.dropped = await asyncio.to_thread(probes.dropped)
+        dropped = await asyncio.to_thread(probes.dropped)
+        if dropped > self.dropped:
+            log.warning("latency probes: %d events not counted: the histogram map is full "
+                        "(%d in all)", dropped - self.dropped, dropped)
+        self.dropped = dropped
 
     def latency(self, tenant: str, kind: str = "") -> dict[tuple[str, str], Histogram]:
         return self.book.histograms(tenant, kind)
