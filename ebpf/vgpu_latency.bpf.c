@@ -107,10 +107,14 @@ TRACEPOINT_PROBE(vgpu, vgpu_ioctl_exit)
 	u64 tid = bpf_get_current_pid_tgid();
 	struct call_rec *rec = calls.lookup(&tid);
 	u64 call, now = bpf_ktime_get_ns();
+	u32 nr;
 
 	if (!rec)
 		return 0;	/* entered before the probes were attached */
-	call = VGPU_LAT_CALL(args->nr | rec->uvm, args->key);
+	nr = args->nr;
+	if (nr > 0xff && !(rec->uvm && nr == VGPU_LAT_UVM_INITIALIZE))
+		nr = VGPU_LAT_NR_OTHER;
+	call = VGPU_LAT_CALL(nr | rec->uvm, args->key);
 	count(args->ctx_id, VGPU_LAT_TOTAL, call, now - rec->start);
 	if (rec->upcalls)
 		count(args->ctx_id, VGPU_LAT_UPCALL, call, rec->upcall_ns);

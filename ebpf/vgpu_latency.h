@@ -24,6 +24,13 @@
  * 2^31; on the other nodes the escape is _IOC_NR, below 256.
  */
 #define VGPU_LAT_UVM		(1U << 31)
+/*
+ * Escapes above 255 (through IOCTL_XFER_CMD) and UVM commands above 255
+ * but UVM_INITIALIZE: a tenant picks those numbers freely, so they share
+ * one histogram, and a tenant cannot make one per number and fill the map.
+ */
+#define VGPU_LAT_NR_OTHER	0x100
+#define VGPU_LAT_UVM_INITIALIZE	0x30000001
 #define VGPU_LAT_CALL(nr, key)	(((__u64)(key) << 32) | (__u32)(nr))
 /* Upcalls outside an ioctl (OPEN, MMAP): the upcall kind, in its own range. */
 #define VGPU_LAT_CALL_UPCALL(kind)	(0xffffffff00000000ULL | (__u32)(kind))

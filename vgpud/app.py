@@ -106,7 +106,9 @@ def build_quota(config_path: Path | None = None, dbus: str = "try",
     policy = SchedPolicy(quota, tracker)
     activity = choose_source([gpu.index for gpu in manager.gpus])
     scheduler = SchedulerService(manager, tracker, activity=activity)
-    probe_service = ProbeService(quota.context_tenant, enabled=probes and config.probes.enabled,
+    probe_service = ProbeService(quota.context_tenant,
+                                 closed_tenant=quota.closed_context_tenant,
+                                 enabled=probes and config.probes.enabled,
                                  interval=config.probes.interval_ms / 1000)
     app = App(manager, quota, tracker, scheduler, journal=journal, dbus=dbus, cgroups=cgroups,
               probes=probe_service)

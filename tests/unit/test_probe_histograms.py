@@ -20,6 +20,7 @@ from vgpud.probes.histograms import (
 from vgpud.probes.layout import (
     CALL_UPCALL,
     LAT_DRIVER,
+    LAT_NR_OTHER,
     LAT_SLOT,
     LAT_SWITCH,
     LAT_TOTAL,
@@ -95,6 +96,9 @@ def test_call_names() -> None:
         "UVM_SET_PREFERRED_LOCATION"
     assert call_name(LAT_TOTAL, lat_call(Escape.RM_CONTROL, 0)) == "RM_CONTROL"
     assert call_name(LAT_TOTAL, lat_call(7 | LAT_UVM, 0)) == "UVM_0x7"
+    assert call_name(LAT_TOTAL, lat_call(UvmCmd.INITIALIZE | LAT_UVM, 0)) == "UVM_INITIALIZE"
+    assert call_name(LAT_TOTAL, lat_call(LAT_NR_OTHER | LAT_UVM, 0)) == "UVM_OTHER"
+    assert call_name(LAT_TOTAL, lat_call(LAT_NR_OTHER, 0)) == "OTHER"
     assert call_name(LAT_UPCALL, CALL_UPCALL | 1) == "upcall:OPEN"
     assert call_name(LAT_UPCALL, CALL_UPCALL | 4) == "upcall:MMAP"
     assert call_name(LAT_SWITCH, 0) == "SCHEDULE"
@@ -146,7 +150,7 @@ def test_a_context_never_resolved_is_unattributed_after_a_few_reads() -> None:
     for _ in range(UNKNOWN_READS - 1):
         assert book.update(read, lambda _: None) == []
     assert book.update(read, lambda _: None) == list(read)
-    assert book.tenants() == [UNATTRIBUTED]
+    assert book.histograms(UNATTRIBUTED)[("RM_ALLOC:0x40", "total")].total == 1
 
 
 def test_a_context_learned_late_keeps_its_counts() -> None:
@@ -154,7 +158,7 @@ def test_a_context_learned_late_keeps_its_counts() -> None:
     read = {(9, LAT_TOTAL, ALLOC_40): val({3: 1})}
     assert book.update(read, lambda _: None) == []
     book.update(read, {9: "a"}.get)
-    assert book.tenants() == ["a"]
+    assert book.histograms("a")[("RM_ALLOC:0x40", "total")].total == 1
 
 
 def test_sums_ride_beside_the_counts() -> None:
@@ -205,3 +209,13 @@ def test_every_count_is_kept_once_whatever_the_read_times(
     assert got["a"] + got["b"] + got[UNATTRIBUTED] == made["a"] + made["b"]
     for tenant in ("a", "b"):
         assert got[tenant] <= made[tenant]
+
+
+def test_a_context_closed_between_reads_keeps_its_tenant() -> None:
+    """Opened, used and closed within one interval: never seen live, its tenant
+    comes from the closed contexts the quota policy remembers."""
+    book = LatencyBook()
+    read = {(9, LAT_TOTAL, ALLOC_40): val({3: 5})}
+    assert book.update(read, lambda _: None, {9: "a"}.get) == list(read)
+    assert book.histograms("a")[("RM_ALLOC:0x40", "total")].total == 5
+    assert book.histograms(UNATTRIBUTED) == {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from vgpud.nvidia.escapes import UvmCmd
 from vgpud.probes import layout
 
 HEADER = Path(__file__).resolve().parents[2] / "ebpf" / "vgpu_latency.h"
@@ -22,6 +23,8 @@ def test_numbers_match_the_header() -> None:
                  "STAT_N"):
         assert int(d[f"VGPU_LAT_{name}"], 0) == getattr(layout, f"LAT_{name}"), name
     assert d["VGPU_LAT_UVM"] == "(1U << 31)" and layout.LAT_UVM == 1 << 31
+    assert int(d["VGPU_LAT_NR_OTHER"], 0) == layout.LAT_NR_OTHER
+    assert int(d["VGPU_LAT_UVM_INITIALIZE"], 0) == UvmCmd.INITIALIZE
     assert "0xffffffff00000000ULL" in d["VGPU_LAT_CALL_UPCALL(kind)"]
     assert layout.CALL_UPCALL == 0xFFFFFFFF00000000
     assert set(layout.HISTOGRAMS) == {layout.LAT_TOTAL, layout.LAT_UPCALL, layout.LAT_DRIVER,

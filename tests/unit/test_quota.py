@@ -692,3 +692,16 @@ def test_an_abandoned_post_upcall_leaves_the_charge_to_its_post_event(tmp_path: 
     assert verdict == ALLOW
     w.abandon(1, uid, UpcallKind.POST)
     assert w.used("a", 0) == 256 * MIB  # still reserved
+
+
+def test_closed_contexts_keep_their_tenant_for_late_readers(w: World) -> None:
+    from vgpud.policy.quota import CLOSED_KEPT
+    setup_gpu(w, 1)
+    assert w.policy.context_tenant(1) == "a" and w.policy.closed_context_tenant(1) is None
+    w.close(1)
+    assert w.policy.context_tenant(1) is None and w.policy.closed_context_tenant(1) == "a"
+    for ctx in range(100, 100 + CLOSED_KEPT):  # the memory is bounded: oldest first out
+        w.open(ctx)
+        w.close(ctx)
+    assert w.policy.closed_context_tenant(1) is None
+    assert w.policy.closed_context_tenant(100 + CLOSED_KEPT - 1) == "a"

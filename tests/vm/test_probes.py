@@ -376,3 +376,41 @@ def test_slot_wait_follows_the_weights_and_nvsims_counters(vgpu: Path, daemon_fa
     assert ours[1] > ours[0], "the 1-weight tenant should wait longer"
     for mine, theirs in zip(ours, nvsim_wait, strict=True):
         assert abs(mine - theirs) <= frame_ns, (ours, nvsim_wait)
+
+
+# A tenant that wraps N escapes of numbers it picks (0x1000 and up) in
+# IOCTL_XFER_CMD: one call each, refused by the driver (EINVAL).
+XFER_FLOOD = r"""
+import ctypes, os, sys
+from tests.support import nvclient as nv
+fd = os.open("/dev/vgpu/nvidiactl", os.O_RDWR)
+buf = ctypes.create_string_buffer(32)
+for nr in range(0x1000, 0x1000 + int(sys.argv[1])):
+    nv.nv_ioctl(fd, nr, buf, xfer=True)
+print("done", flush=True)
+"""
+
+
+def test_a_tenant_cannot_fill_the_map_with_numbers_it_picks(probe_daemon: Daemon) -> None:
+    """uid 1003 sends 3,000 escapes under 3,000 numbers of its own: they land in one
+    histogram (OTHER), all counted (nvsim received them all), and another tenant's
+    calls meanwhile are counted exactly."""
+    n, fb = 3000, 20
+    before = int(Path("/sys/module/nvsim/parameters/rm_calls").read_text())
+    b = Caller(OTHER_UID)
+    try:
+        flood = spawn_tenant(XFER_FLOOD.replace("sys.argv[1]", str(n)))
+        b.calls(fb)
+        out, err = flood.communicate(timeout=600)
+        assert out.strip() == "done", err
+        received = int(Path("/sys/module/nvsim/parameters/rm_calls").read_text()) - before
+        mine = settled("a", "OTHER", "total", n)
+        kinds = latency("a")
+        theirs = settled("b", FB_KIND, "total", fb)
+    finally:
+        b.close()
+    print(f"a's kinds: {sorted({k for k, _ in kinds})}; nvsim received {received}")
+    assert received >= n + fb
+    assert sum(mine) == n
+    assert len({k for k, _ in kinds}) <= 4, kinds  # OTHER, and the OPEN upcall
+    assert sum(theirs) == fb

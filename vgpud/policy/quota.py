@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import logging
 import struct
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
@@ -148,6 +149,8 @@ UVM_ALLOCATING = frozenset({UvmCmd.MIGRATE, UvmCmd.MIGRATE_RANGE_GROUP,
 ALLOC_MEMORY_PASS = frozenset({NvClass.MEMORY_SYSTEM, NvClass.MEMORY_SYSTEM_OS_DESCRIPTOR,
                                NvClass.MEMORY_VIRTUAL})
 _U32 = struct.Struct("=I")
+# Closed contexts whose tenant is remembered (a few hundred KiB at most).
+CLOSED_KEPT = 4096
 
 
 # --- what an allowed call waits for (by upcall id) ----------------------------
@@ -251,6 +254,9 @@ class QuotaPolicy:
         # ctx -> tenant (None: refused); contexts already in the ledger were
         # restored from the charge journal.
         self._contexts: dict[int, str | None] = dict(ledger.contexts())
+        # The tenants of the last CLOSED_KEPT contexts closed, for readers that
+        # learn of a context after it closed (the latency probes).
+        self._closed: OrderedDict[int, str] = OrderedDict()
         # Contexts opened before this daemon and missing from its journal:
         # their devices may be unknown, so their GPU is guessed (_gpu_for).
         self._learned: set[int] = set()
@@ -392,6 +398,10 @@ class QuotaPolicy:
         """The tenant of a context seen so far; None if unknown or refused."""
         return self._contexts.get(ctx)
 
+    def closed_context_tenant(self, ctx: int) -> str | None:
+        """The tenant of a context among the last CLOSED_KEPT closed; else None."""
+        return self._closed.get(ctx)
+
     def gpu_for(self, parent: Key, tenant: str, upcall: Upcall) -> int:
         """The GPU of an object allocated under ``parent``, as for a charge."""
         return self._gpu_for(parent, tenant, upcall)
@@ -450,6 +460,10 @@ class QuotaPolicy:
 
     def _close(self, ctx: int) -> None:
         name = self._contexts.pop(ctx, _MISSING)
+        if isinstance(name, str):
+            self._closed[ctx] = name
+            if len(self._closed) > CLOSED_KEPT:
+                self._closed.popitem(last=False)
         self._learned.discard(ctx)
         for upcall_id in [i for i, p in self._pending.items() if p.ctx == ctx]:
             del self._pending[upcall_id]

@@ -15,12 +15,20 @@ from dataclasses import dataclass
 
 from vgpud.kernel.uapi import UpcallKind
 from vgpud.nvidia.escapes import Escape, UvmCmd
-from vgpud.probes.layout import CALL_UPCALL, HISTOGRAMS, LAT_SLOT, LAT_SLOTS, LAT_SWITCH, LAT_UVM
+from vgpud.probes.layout import (
+    CALL_UPCALL,
+    HISTOGRAMS,
+    LAT_NR_OTHER,
+    LAT_SLOT,
+    LAT_SLOTS,
+    LAT_SWITCH,
+    LAT_UVM,
+)
 
 __all__ = ["UNATTRIBUTED", "Histogram", "LatencyBook", "call_name", "slot_bounds"]
 
 SLOTS = LAT_SLOTS  # bcc's bpf_log2l of a u64: 0..64
-# A context whose tenant was never known (opened and closed between reads).
+# A context whose tenant is not known, live or among the recently closed.
 UNATTRIBUTED = "-"
 # Reads a context may stay without a tenant before it counts as unattributed.
 UNKNOWN_READS = 3
@@ -86,7 +94,7 @@ class Histogram:
 def call_name(hist: int, call: int) -> str:
     """The kind of call a histogram is for: RM_ALLOC:0x3e, RM_CONTROL:0x20800a11,
     UVM_MIGRATE, upcall:OPEN (an upcall outside an ioctl), SCHEDULE (the
-    switch and slot-wait histograms)."""
+    switch and slot-wait histograms), OTHER (escapes a tenant numbers freely)."""
     if hist in (LAT_SWITCH, LAT_SLOT):
         return "SCHEDULE"
     nr, key = call & 0xFFFFFFFF, call >> 32
@@ -94,13 +102,13 @@ def call_name(hist: int, call: int) -> str:
         return f"upcall:{_name(UpcallKind, nr)}"
     if nr & LAT_UVM:
         nr &= ~LAT_UVM
-        name = f"UVM_{UvmCmd(nr).name}" if nr in set(UvmCmd) else f"UVM_{nr:#x}"
+        name = "UVM_" + ("OTHER" if nr == LAT_NR_OTHER else _name(UvmCmd, nr))
     else:
-        name = _name(Escape, nr)
+        name = "OTHER" if nr == LAT_NR_OTHER else _name(Escape, nr)
     return f"{name}:{key:#x}" if key else name
 
 
-def _name(enum: type[Escape] | type[UpcallKind], value: int) -> str:
+def _name(enum: type[Escape] | type[UpcallKind] | type[UvmCmd], value: int) -> str:
     return enum(value).name if value in set(enum) else f"{value:#x}"
 
 
@@ -121,8 +129,11 @@ class LatencyBook:
         self._unknown: dict[int, int] = {}  # contexts without one: reads so far
 
     def update(self, counts: Mapping[CountKey, Counts],
-               tenant_of: Callable[[int], str | None]) -> list[CountKey]:
-        """Take a read of the map (cumulative counts); the keys to delete from it."""
+               tenant_of: Callable[[int], str | None],
+               closed_tenant: Callable[[int], str | None] = lambda _: None) -> list[CountKey]:
+        """Take a read of the map (cumulative counts); the keys to delete from it.
+        ``tenant_of``: a live context's tenant; ``closed_tenant``: that of a
+        context closed before this book saw it live."""
         verdicts: dict[int, str | None] = {}  # ctx -> its tenant, or None: keep it waiting
         retire: set[int] = set()
         live: dict[CountKey, Counts] = {}
@@ -130,7 +141,7 @@ class LatencyBook:
         for key, c in counts.items():
             ctx = key[0]
             if ctx not in verdicts:
-                verdicts[ctx] = self._classify(ctx, tenant_of, retire)
+                verdicts[ctx] = self._classify(ctx, tenant_of, closed_tenant, retire)
             tenant = verdicts[ctx]
             if tenant is None:
                 continue
@@ -148,7 +159,7 @@ class LatencyBook:
         return delete
 
     def _classify(self, ctx: int, tenant_of: Callable[[int], str | None],
-                  retire: set[int]) -> str | None:
+                  closed_tenant: Callable[[int], str | None], retire: set[int]) -> str | None:
         """The context's tenant (its counts retire if it has closed), or None while
         it has none yet."""
         tenant = tenant_of(ctx)
@@ -157,7 +168,7 @@ class LatencyBook:
             self._unknown.pop(ctx, None)
             return tenant
         retire.add(ctx)
-        retired_as = self._tenants.pop(ctx, None)
+        retired_as = self._tenants.pop(ctx, None) or closed_tenant(ctx)
         if retired_as is None:
             reads = self._unknown[ctx] = self._unknown.get(ctx, 0) + 1
             if reads < UNKNOWN_READS:
@@ -166,9 +177,6 @@ class LatencyBook:
             retired_as = UNATTRIBUTED
             del self._unknown[ctx]
         return retired_as
-
-    def tenants(self) -> list[str]:
-        return sorted(set(self._retired) | set(self._tenants.values()))
 
     def histograms(self, tenant: str, kind: str = "") -> dict[tuple[str, str], Histogram]:
         """(call name, histogram name) -> the tenant's histogram, of calls ``kind`` selects."""

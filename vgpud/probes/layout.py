@@ -11,6 +11,7 @@ LAT_SLOT = 4
 LAT_SLOTS = 65  # buckets of a histogram (struct vgpu_lat_val.slots)
 
 LAT_UVM = 1 << 31
+LAT_NR_OTHER = 0x100  # an escape or UVM command above 255 (but UVM_INITIALIZE)
 CALL_UPCALL = 0xFFFFFFFF00000000
 
 LAT_STAT_DROPPED = 0

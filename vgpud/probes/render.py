@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from vgpud.probes.histograms import Histogram, slot_bounds
 
@@ -35,11 +35,9 @@ def summary(h: Histogram) -> str:
             f"p99 <= {_us(h.percentile(0.99))}")
 
 
-def by_histogram(hists: Mapping[tuple[str, str], Histogram] | Iterable[tuple[tuple[str, str],
-                 Histogram]]) -> dict[str, Histogram]:
+def by_histogram(hists: Iterable[tuple[tuple[str, str], Histogram]]) -> dict[str, Histogram]:
     """Sum over the call kinds: histogram name -> histogram."""
-    items = hists.items() if isinstance(hists, Mapping) else hists
     out: dict[str, Histogram] = {}
-    for (_, name), h in items:
+    for (_, name), h in hists:
         out[name] = out.get(name, Histogram()) + h
     return out

@@ -28,13 +28,17 @@ log = logging.getLogger("vgpud.probes")
 
 
 class ProbeService:
-    """``tenant_of``: a context's tenant (None: unknown or closed)."""
+    """``tenant_of``: a context's tenant (None: unknown or closed);
+    ``closed_tenant``: that of a recently closed context."""
 
-    def __init__(self, tenant_of: Callable[[int], str | None], *, enabled: bool = True,
+    def __init__(self, tenant_of: Callable[[int], str | None], *,
+                 closed_tenant: Callable[[int], str | None] = lambda _: None,
+                 enabled: bool = True,
                  interval: float = 1.0, source: Path | None = None,
                  reason: Callable[[], str | None] = unavailable_reason,
                  make_probes: Callable[[Path], LatencyProbes] = LatencyProbes) -> None:
         self._tenant_of = tenant_of
+        self._closed_tenant = closed_tenant
         self._enabled = enabled
         self._interval = interval
         self._source = source
@@ -108,7 +112,7 @@ class ProbeService:
             self.status = "on: " + ", ".join(probes.attach_points)
             log.info("latency probes attached again: %s", ", ".join(probes.attach_points))
         counts = await asyncio.to_thread(probes.read)
-        gone = self.book.update(counts, self._tenant_of)
+        gone = self.book.update(counts, self._tenant_of, self._closed_tenant)
         if gone:
             await asyncio.to_thread(probes.delete, gone)
         dropped = await asyncio.to_thread(probes.dropped)
