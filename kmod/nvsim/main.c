@@ -20,6 +20,7 @@
 #include <linux/sysfs.h>
 #include <linux/stddef.h>
 
+#include "compat.h"
 #include "nvsim.h"
 
 static unsigned int gpus = 2;
@@ -178,7 +179,7 @@ static int nvsim_release(struct inode *inode, struct file *file)
 	return 0;
 }
 
-static char *nvsim_devnode(struct device *dev, umode_t *mode)
+static char *nvsim_devnode(NVSIM_DEVNODE_CONST struct device *dev, umode_t *mode)
 {
 	if (mode)
 		*mode = node_mode;
@@ -322,7 +323,7 @@ static int __init nvsim_init(void)
 	if (ret)
 		goto err_region;
 
-	nvsim_class = class_create(THIS_MODULE, "nvsim");
+	nvsim_class = nvsim_class_create("nvsim");
 	if (IS_ERR(nvsim_class)) {
 		ret = PTR_ERR(nvsim_class);
 		goto err_cdev;

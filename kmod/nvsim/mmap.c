@@ -20,6 +20,7 @@
 #include <linux/slab.h>
 #include <linux/xarray.h>
 
+#include "compat.h"
 #include "nvsim.h"
 
 static unsigned int backing_mib = 256;
@@ -180,7 +181,7 @@ static int nvsim_uvm_mmap(struct vm_area_struct *vma)
 	vma->vm_pgoff = 0;
 	vma->vm_private_data = store;
 	vma->vm_ops = &nvsim_vm_ops;
-	vma->vm_flags |= VM_DONTEXPAND | VM_DONTDUMP;
+	nvsim_vm_flags_set(vma, VM_DONTEXPAND | VM_DONTDUMP);
 	return 0;
 }
 
@@ -224,6 +225,6 @@ int nvsim_mmap(struct file *file, struct vm_area_struct *vma)
 	vma->vm_pgoff = first;
 	vma->vm_private_data = store;
 	vma->vm_ops = &nvsim_vm_ops;
-	vma->vm_flags |= VM_DONTEXPAND | VM_DONTDUMP;
+	nvsim_vm_flags_set(vma, VM_DONTEXPAND | VM_DONTDUMP);
 	return 0;
 }

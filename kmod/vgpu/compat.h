@@ -7,6 +7,7 @@
 
 #include <linux/version.h>
 #include <linux/device.h>
+#include <linux/mm.h>
 
 #if KERNEL_VERSION(6, 4, 0) <= LINUX_VERSION_CODE
 #define vgpu_class_create(name)	class_create(name)
@@ -24,6 +25,17 @@
 #include <linux/unaligned.h>
 #else
 #include <asm/unaligned.h>
+#endif
+
+/* 6.3 made vma->vm_flags read-only, to be changed under the mmap lock only. */
+#if KERNEL_VERSION(6, 3, 0) <= LINUX_VERSION_CODE
+#define vgpu_vm_flags_set(vma, flags)	vm_flags_set(vma, flags)
+#else
+static inline void vgpu_vm_flags_set(struct vm_area_struct *vma,
+				     vm_flags_t flags)
+{
+	vma->vm_flags |= flags;
+}
 #endif
 
 #endif /* _VGPU_COMPAT_H */

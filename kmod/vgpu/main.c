@@ -4,7 +4,7 @@
  * Module parameters, counters, and init/exit in mirrored order.
  */
 #include <linux/build_bug.h>
-#include <linux/genetlink.h>
+#include <net/genetlink.h>
 #include <linux/module.h>
 #include <linux/moduleparam.h>
 #include <linux/stddef.h>

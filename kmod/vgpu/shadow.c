@@ -181,7 +181,7 @@ static int vgpu_region_mmap(struct file *file, struct vm_area_struct *vma)
 	if (!(vma->vm_flags & VM_SHARED) || vma->vm_pgoff ||
 	    vma->vm_end - vma->vm_start != r->len)
 		return -EINVAL;
-	vma->vm_flags |= VM_IO | VM_DONTCOPY | VM_DONTEXPAND | VM_DONTDUMP;
+	vgpu_vm_flags_set(vma, VM_IO | VM_DONTCOPY | VM_DONTEXPAND | VM_DONTDUMP);
 	vma->vm_ops = &vgpu_region_vm_ops;
 	return 0;
 }
