@@ -1,0 +1,235 @@
+"""vgpud as installed, run by systemd as PID 1 of a booted Debian 12.
+
+Runs inside the image of scripts/build-sysimage booted by scripts/sysimage-run
+(one boot for the file):
+
+    scripts/sysimage-run -- python -m pytest -q -p no:cacheprovider -m vm -s \
+        tests/vm/test_systemd_boot.py
+
+The system's own vgpud.service, D-Bus policy and modprobe.d files are used as
+shipped. The tests add only what a simulated host needs: nvsim in place of
+the NVIDIA driver (loaded by hand, with a modprobe.d line that points vgpu at
+its nodes), a config with one tenant, users, and a shorter watchdog (a
+runtime drop-in). Charges are judged by nvsim's own accounting too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import nvclient as nv
+from tests.support import tenant_workload
+from tests.support.guest import NVSIM_DIR, NVSIM_KO, ROOT, insmod, loaded, rmmod, wait_path
+from tests.support.sysimage import (
+    VGPUCTL,
+    add_user,
+    as_user,
+    booted,
+    journal,
+    main_pid,
+    set_dropin,
+    sh,
+    show,
+    wait_restarted,
+    wait_until,
+)
+
+pytestmark = [
+    pytest.mark.vm,
+    pytest.mark.skipif(not booted(), reason="needs the booted image (scripts/sysimage-run)"),
+]
+
+MiB = 1 << 20
+TENANT_UID = 2001
+CONFIG = Path("/etc/vgpud/vgpud.toml")
+NVSIM_OPTIONS = Path("/etc/modprobe.d/zz-vgpu-over-nvsim.conf")
+# Shorter than the shipped 30 s, long enough for a loaded TCG guest's event
+# loop to keep pinging.
+WATCHDOG_S = 20
+CONFIG_TEXT = """\
+[daemon]
+admin_group = "vgpu-admin"
+
+[fs]
+enabled = false
+
+[[tenant]]
+name = "a"
+memory = "{memory}"
+match = [{{ uid = {uid} }}]
+"""
+
+
+@pytest.fixture(scope="module")
+def system() -> Iterator[None]:
+    """The simulated host, vgpu not loaded and vgpud not started."""
+    sh("systemctl", "is-system-running", "--wait", check=False)
+    assert not loaded("vgpu")
+    add_user("vgpu-tenant", TENANT_UID)
+    add_user("vgpu-op", 2002, "vgpu-admin")
+    add_user("vgpu-other", 2003)
+    NVSIM_OPTIONS.write_text(
+        "options vgpu backing_dir=/dev/nvsim backing_driver=nvsim backing_uvm_driver=nvsim\n")
+    CONFIG.write_text(CONFIG_TEXT.format(memory="1GiB", uid=TENANT_UID))
+    insmod(NVSIM_KO, "gpus=2", "mem_mib=1024")
+    wait_path(NVSIM_DIR / "nvidiactl")
+    # A loaded TCG guest can take minutes to start Python: no start timeout.
+    set_dropin("test", f"[Service]\nWatchdogSec={WATCHDOG_S}\nTimeoutStartSec=infinity\n")
+    yield
+    sh("systemctl", "stop", "vgpud", check=False)
+    for module in ("vgpu", "nvsim"):
+        assert rmmod(module).returncode == 0, f"rmmod {module}"
+
+
+@pytest.fixture(scope="module")
+def started(system: None) -> float:
+    """`systemctl start vgpud`, timed; it returns once the unit is active."""
+    t0 = time.monotonic()
+    sh("systemctl", "start", "vgpud")
+    seconds = time.monotonic() - t0
+    print(f"\nsystemctl start vgpud: {seconds:.1f} s")
+    return seconds
+
+
+def vgpuctl(*args: str, user: str | None = None,
+            check: bool = True) -> subprocess.CompletedProcess[str]:
+    return sh(str(VGPUCTL), *args, user=user, check=check)
+
+
+def tenant(user: str | None = None) -> dict:
+    info = json.loads(vgpuctl("tenant", "show", "a", "--json", user=user).stdout)
+    assert isinstance(info, dict)
+    return info
+
+
+def used() -> int:
+    return sum(int(v) for v in tenant()["memory_used"].values())
+
+
+def test_the_module_is_loaded_by_the_unit(started: float) -> None:
+    """Not before start (the fixture checked), then by ExecStartPre's modprobe,
+    with the options of /etc/modprobe.d."""
+    assert loaded("vgpu")
+    assert Path("/sys/module/vgpu/parameters/backing_dir").read_text().strip() == "/dev/nvsim"
+    pre = show("ExecStartPre")["ExecStartPre"]
+    assert "argv[]=/sbin/modprobe vgpu ;" in pre and "code=exited ; status=0 }" in pre, pre
+
+
+def test_active_only_after_ready(started: float) -> None:
+    """start returned (Type=notify): by then the daemon had registered with
+    the module and owned its bus name, and said so before systemd's Started."""
+    state = show("ActiveState", "SubState", "Type", "NotifyAccess", "StatusText")
+    assert state == {"ActiveState": "active", "SubState": "running", "Type": "notify",
+                     "NotifyAccess": "main", "StatusText": "serving upcalls"}
+    assert sh("busctl", "--system", "status", "org.vgpud1").returncode == 0
+    lines = journal()
+    registered = next(i for i, s in enumerate(lines) if "registered with vgpu module" in s)
+    started_at = next(i for i, s in enumerate(lines) if s.startswith("Started "))
+    assert registered < started_at, lines
+
+
+def test_reload_applies_a_changed_config(started: float) -> None:
+    pid = main_pid()
+    assert tenant()["memory_limit"] == "1GiB"
+    CONFIG.write_text(CONFIG_TEXT.format(memory="768MiB", uid=TENANT_UID))
+    sh("systemctl", "reload", "vgpud")
+    wait_until(lambda: tenant()["memory_limit"] == "768MiB", "config reloaded")
+    assert main_pid() == pid
+    assert any(f"reloaded {CONFIG}" in line for line in journal())
+
+
+def test_vgpuctl_over_the_system_bus(started: float) -> None:
+    """Root and the admin group may change a tenant; another user may read only."""
+    vgpuctl("tenant", "set", "a", "--weight", "200")
+    assert tenant()["weight"] == 200
+    vgpuctl("tenant", "set", "a", "--weight", "300", user="vgpu-op")
+    assert tenant()["weight"] == 300
+    refused = vgpuctl("tenant", "set", "a", "--weight", "400", user="vgpu-other", check=False)
+    assert refused.returncode == 77 and "vgpu-admin" in refused.stderr, refused  # EX_NOPERM
+    assert tenant(user="vgpu-other")["weight"] == 300
+
+
+class Holder:
+    """tenant_workload alloc --hold, run as the tenant's uid."""
+
+    def __init__(self, size: str, count: int) -> None:
+        self.count = count
+        self.proc = subprocess.Popen(
+            tenant_workload.command("/dev/vgpu", "alloc", size, str(count), "--hold"),
+            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            **as_user(TENANT_UID))  # type: ignore[call-overload]
+
+    def statuses(self, n: int | None = None) -> list[int]:
+        assert self.proc.stdout is not None
+        return [json.loads(self.proc.stdout.readline())["status"]
+                for _ in range(self.count if n is None else n)]
+
+    def wait_holding(self) -> None:
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.readline().strip() == "holding"
+
+    def release(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.communicate("\n", timeout=60)
+
+
+def nvsim_free_kib() -> int:
+    ctl = nv.NvNodes(str(NVSIM_DIR)).open_ctl()
+    try:
+        return nv.heap_free_kib(ctl, nv.build_tree(ctl))
+    finally:
+        os.close(ctl)
+
+
+def test_sigkill_restart_keeps_the_charges(started: float) -> None:
+    free = nvsim_free_kib()
+    holder = Holder("256MiB", 2)
+    try:
+        assert holder.statuses() == [0, 0]
+        holder.wait_holding()
+        assert used() == 512 * MiB
+        assert free - nvsim_free_kib() == (512 * MiB) >> 10
+
+        pid = main_pid()
+        sh("systemctl", "kill", "--signal=SIGKILL", "vgpud")
+        wait_restarted(pid, timeout=600)
+
+        assert used() == 512 * MiB
+        # 512 MiB held + 512 MiB more > the 768 MiB limit: refused, and nvsim
+        # never sees it.
+        over = Holder("512MiB", 1)
+        assert over.statuses() == [0x51]
+        over.release()
+        assert free - nvsim_free_kib() == (512 * MiB) >> 10
+    finally:
+        holder.release()
+    wait_until(lambda: used() == 0, "charges released")
+    assert nvsim_free_kib() == free
+
+
+def test_watchdog_restarts_a_daemon_that_stops_answering(started: float) -> None:
+    restarts = int(show("NRestarts")["NRestarts"])
+    pid = main_pid()
+    os.kill(pid, 19)  # SIGSTOP: no more WATCHDOG=1
+    t0 = time.monotonic()
+    wait_restarted(pid, timeout=600)
+    print(f"\nwatchdog restart after {time.monotonic() - t0:.1f} s")
+    assert int(show("NRestarts")["NRestarts"]) == restarts + 1
+    assert any("Watchdog timeout" in line for line in journal())
+    assert used() == 0 and tenant()["memory_limit"] == "768MiB"
+
+
+def test_the_loaded_unit_scores_within_bound(started: float) -> None:
+    """systemd-analyze security of the unit as the running system loaded it."""
+    out = sh("systemd-analyze", "security", "--no-pager", "vgpud.service").stdout
+    last = out.strip().splitlines()[-1]
+    print(f"\n{last}")
+    score = float(last.split(": ")[1].split()[0])
+    assert score <= 2.5, out
