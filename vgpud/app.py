@@ -9,10 +9,12 @@ below (vgpud.core.observers: subjects never subscribe anyone):
 
     Ledger       -> journal              (first: on file before anyone acts)
     GroupTracker -> journal, scheduler
-    Manager      -> scheduler, D-Bus service
+    Manager      -> scheduler, D-Bus service, CDI spec keeper,
+                    metrics' DeniedCounts ([metrics] enabled)
     scheduler    -> D-Bus service        (shares)
 
-The D-Bus service's two are made when it starts. ``App`` runs what the upcall
+The D-Bus service's two, and the CDI spec keeper's (vgpud.cdi: its hook calls
+the D-Bus API), are made when it starts. ``App`` runs what the upcall
 path does not: the D-Bus service, the scheduler's actuation, the latency
 probes (vgpud.probes) and SIGHUP reloads; vgpud.daemon.Daemon calls it at
 each step of its lifecycle.
@@ -20,16 +22,20 @@ each step of its lifecycle.
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dbus_fast import BusType
 from dbus_fast.aio import MessageBus
 
 from vgpud.admin.dbus import BUS_NAME, AdminService
 from vgpud.admin.manager import AdminError, Manager
+from vgpud.cdi.files import SpecFile, this_hook
+from vgpud.cdi.keeper import SpecKeeper
 from vgpud.core.groups import GroupTracker
 from vgpud.core.ledger import Ledger
 from vgpud.core.observers import Observer, Topic
@@ -46,6 +52,12 @@ from vgpud.sched.service import SchedulerService
 from vgpud.store.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
 from vgpud.store.journal import ChargeAndGroupJournal
 from vgpud.store.state import StateError, load_state
+
+if TYPE_CHECKING:
+    from vgpud.fsview.service import FsView
+    from vgpud.metrics.service import MetricsService
+    from vgpud.metrics.sources import DeniedCounts
+    from vgpud.policy.dispatch import Dispatcher
 
 __all__ = ["App", "StartupError", "build_quota"]
 
@@ -83,10 +95,11 @@ class Subscriptions:
 
 def build_quota(config_path: Path | None = None, dbus: str = "try",
                 inventory: Callable[[], list[GpuInfo]] = discover, *, probes: bool = True,
-                ) -> tuple[SchedPolicy, App]:
+                fs: bool = True) -> tuple[SchedPolicy, App]:
     """The quota daemon's policy and the App around it (see the module doc);
     StartupError on a bad config or state file. ``probes`` False: no latency
-    probes, whatever the config says (--no-probes)."""
+    probes, whatever the config says (--no-probes); ``fs`` False: no file
+    view (--no-fs)."""
     config_path = config_path or DEFAULT_CONFIG_PATH
     try:
         config = load_config(config_path)
@@ -112,12 +125,26 @@ def build_quota(config_path: Path | None = None, dbus: str = "try",
                                  interval=config.probes.interval_ms / 1000)
     app = App(manager, quota, tracker, scheduler, journal=journal, dbus=dbus, cgroups=cgroups,
               probes=probe_service)
+    app.fs_wanted = fs and config.fs.enabled
+    if config.cdi.enabled:
+        try:
+            app.cdi = SpecKeeper(manager, SpecFile(config.cdi.spec_dir), this_hook())
+        except OSError as exc:
+            log.error("CDI: no spec for container runtimes: %s", exc)
     subs = app.subscriptions
     if journal is not None:
         subs.add(ledger.observers, journal)
         subs.add(tracker.observers, journal)
     subs.add(tracker.observers, scheduler)
     subs.add(manager.observers, scheduler)
+    if config.metrics.enabled:
+        # Imported here, before READY=1, not when the metrics start: loading
+        # prometheus_client takes seconds in a slow guest, which upcalls must
+        # not wait for.
+        from vgpud.metrics.sources import DeniedCounts
+
+        app.denied = DeniedCounts()
+        subs.add(manager.observers, app.denied)
     return policy, app
 
 
@@ -146,6 +173,13 @@ class App:
         self.probes = probes or ProbeService(quota.context_tenant, enabled=False)
         self.subscriptions = Subscriptions()
         self.service: AdminService | None = None
+        self.metrics: MetricsService | None = None  # started with the channel
+        self.denied: DeniedCounts | None = None  # made when [metrics] is enabled
+        # The CDI spec's keeper: started with the admin API, which its hook calls.
+        self.cdi: SpecKeeper | None = None
+        # The file view (vgpud.fsview): mounted with the channel, unless --no-fs.
+        self.fs_wanted = False
+        self.fs: FsView | None = None
         self._bus: MessageBus | None = None
 
     async def start(self) -> bool:
@@ -172,6 +206,9 @@ class App:
         self.subscriptions.add(self.manager.observers, service)
         self.subscriptions.add(self.scheduler.observers, service)
         log.info("admin API %s on the system bus", BUS_NAME)
+        if self.cdi is not None:
+            self.cdi.start()
+            self.subscriptions.add(self.manager.observers, self.cdi)
         return True
 
     async def attach(self, channel: GenlChannel) -> None:
@@ -205,6 +242,51 @@ class App:
     async def stop_probes(self) -> None:
         await self.probes.stop()
 
+    async def start_metrics(self, dispatcher: Dispatcher, channel: GenlChannel) -> None:
+        """Serve the Prometheus metrics when [metrics] is enabled (vgpud.metrics);
+        an address that cannot be bound is logged, and the daemon goes on."""
+        if self.denied is None:
+            return
+        # Loaded by build_quota already (only when metrics are on).
+        from vgpud.metrics.listen import parse_listen
+        from vgpud.metrics.service import MetricsService
+        from vgpud.metrics.sources import gpu_uuids, snapshot_source
+
+        source = snapshot_source(self.manager, self.quota.ledger, self.scheduler, dispatcher,
+                                 channel.stats, self.denied, await asyncio.to_thread(gpu_uuids))
+        listen = self.manager.config.metrics.listen
+        metrics = MetricsService(*parse_listen(listen), source, channel.get_counters)
+        if metrics.start():
+            self.metrics = metrics
+
+    async def start_fs(self, channel: GenlChannel) -> None:
+        """Mount the file view at [fs] mountpoint; one that cannot be mounted
+        is logged, and the daemon goes on."""
+        if not self.fs_wanted:
+            return
+        # Here, not at the top: mfusepy loads libfuse, which --no-fs need not.
+        # In a worker thread: the import takes seconds in a slow guest, and the
+        # loop is answering upcalls by now.
+        module = await asyncio.to_thread(importlib.import_module, "vgpud.fsview.service")
+        fs = module.FsView(self.manager, self.quota.ledger, self.scheduler, self.manager.config.fs)
+        self.subscriptions.add(self.manager.observers, fs)
+        self.subscriptions.add(self.scheduler.observers, fs)
+        if await fs.start(channel.list_contexts):
+            self.fs = fs
+        else:
+            self.subscriptions.drop(fs)
+
+    async def stop_fs(self) -> None:
+        fs, self.fs = self.fs, None
+        if fs is not None:
+            self.subscriptions.drop(fs)
+            await fs.stop()
+
+    async def stop_metrics(self) -> None:
+        metrics, self.metrics = self.metrics, None
+        if metrics is not None:
+            await metrics.stop()
+
     async def stop_scheduling(self) -> None:
         """Stop deciding and turn the groups back on (the channel still up)."""
         self.subscriptions.drop(self.scheduler)
@@ -222,6 +304,8 @@ class App:
 
     def close(self) -> None:
         self.subscriptions.clear()
+        if self.cdi is not None:
+            self.cdi.stop()
         if self.service is not None:
             self.service.close()
             self.service = None

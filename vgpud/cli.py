@@ -18,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sys
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -30,6 +32,9 @@ from rich.live import Live
 from rich.table import Table
 
 from vgpud.admin.client import AdminClient, DaemonUnavailable
+from vgpud.cdi.files import SpecFile, this_hook
+from vgpud.cdi.hook import MAX_STATE_BYTES, container_pid
+from vgpud.cdi.spec import build_spec, render
 from vgpud.kernel import uapi
 from vgpud.kernel.channel import ChannelError, query_module_contexts, query_module_counters
 from vgpud.kernel.codec import DecodeError
@@ -455,6 +460,45 @@ def bind(pid: int, tenant_name: str) -> None:
 def unbind(pid: int) -> None:
     """Remove the binding of PID."""
     _call("UnbindProcess", "u", pid)
+
+
+@main.group()
+def cdi() -> None:
+    """CDI specs for container runtimes (podman, containerd, CRI-O, Docker)."""
+
+
+@cdi.command("generate")
+@click.option("--output", "output", default="-", metavar="DIR|-", show_default=True,
+              help="Write DIR/vgpud.io-tenant.json (e.g. /etc/cdi), or print with -.")
+def cdi_generate(output: str) -> None:
+    """A spec of one device per tenant: vgpud.io/tenant=NAME."""
+
+    async def query(client: AdminClient) -> list[tuple[str, list[int]]]:
+        return [(t["Name"], t["Gpus"]) for t in await client.tenants()]
+
+    tenants = _daemon(query)
+    try:
+        spec = build_spec(tenants, this_hook())
+        if output == "-":
+            click.echo(render(spec).decode(), nl=False)
+        else:
+            SpecFile(Path(output)).update(spec)
+    except OSError as e:
+        _fail(str(e), EX_ERROR)
+    for _, reason in spec.skipped:
+        click.echo(f"vgpuctl: warning: {reason}", err=True)
+
+
+@cdi.command("bind")
+@click.argument("tenant_name", metavar="TENANT")
+def cdi_bind(tenant_name: str) -> None:
+    """The CDI spec's createRuntime hook: bind the container whose OCI state
+    is on stdin to TENANT (needs the rights of `vgpuctl bind`)."""
+    try:
+        pid = container_pid(sys.stdin.buffer.read(MAX_STATE_BYTES + 1))
+    except ValueError as e:
+        _fail(str(e), EX_ERROR)
+    _call("BindProcess", "us", pid, tenant_name)
 
 
 @main.command()

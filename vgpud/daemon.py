@@ -130,6 +130,8 @@ class Daemon:
         if self.app is not None:
             self.app.start_scheduling(channel)
             self.app.start_probes()
+            await self.app.start_metrics(self.dispatcher, channel)
+            await self.app.start_fs(channel)
         await self._run(channel)
         await self._stop(channel)
         return 1 if self._force else 0
@@ -172,6 +174,8 @@ class Daemon:
     async def _stop(self, channel: GenlChannel) -> None:
         self._notifier.send("STOPPING=1")
         if self.app is not None:
+            await self.app.stop_metrics()  # before the channel its refresh asks closes
+            await self.app.stop_fs()  # likewise; and before the signal handlers go
             await self.app.stop_probes()  # the vgpu module is not pinned past the stop
             await self.app.stop_scheduling()  # groups back on while the channel is up
         if not self._force:
@@ -219,11 +223,13 @@ class Daemon:
               help="Exit (69) when the admin API cannot start on the system bus.")
 @click.option("--no-probes", is_flag=True,
               help="Do not load the latency probes (quota policy), whatever the config says.")
+@click.option("--no-fs", is_flag=True,
+              help="Do not mount the file view (quota policy), whatever the config says.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
 def main(config_path: Path | None, policy_spec: str | None, filter_specs: tuple[str, ...],
          on_error: str, no_dbus: bool, require_dbus: bool, no_probes: bool,
-         log_level: str) -> None:
+         no_fs: bool, log_level: str) -> None:
     """The vgpud daemon: answers the vgpu kernel module's upcalls."""
     # Refusals are logged one by one: bounded per kind and tenant (lograte).
     handler = logging.StreamHandler(sys.stderr)
@@ -245,7 +251,8 @@ def main(config_path: Path | None, policy_spec: str | None, filter_specs: tuple[
 
             dbus = "off" if no_dbus else "require" if require_dbus else "try"
             try:
-                policy, app = build_quota(config_path, dbus, probes=not no_probes)
+                policy, app = build_quota(config_path, dbus, probes=not no_probes,
+                                          fs=not no_fs)
             except StartupError as exc:
                 log.error("%s", exc)
                 sys.exit(EX_CONFIG)

@@ -21,11 +21,15 @@ class Daemon:
     """
 
     def __init__(self, *args: str, log_level: str = "debug", echo: bool = False,
-                 probes: bool = False) -> None:
+                 probes: bool = False, fs: bool = False, prefix: tuple[str, ...] = ()) -> None:
         """``probes``: load the latency probes (a bcc compile: 6-20 s of the
-        guest's CPU); off unless a test is about them."""
-        self.args = ("--log-level", log_level, *(() if probes else ("--no-probes",)), *args)
+        guest's CPU); off unless a test is about them. ``fs``: mount the file
+        view (vgpud.fsview); off unless a test is about it. ``prefix``: a
+        command to run it under (setpriv dropping a capability)."""
+        self.args = ("--log-level", log_level, *(() if probes else ("--no-probes",)),
+                     *(() if fs else ("--no-fs",)), *args)
         self.echo = echo
+        self.prefix = prefix
         self.dir = tempfile.mkdtemp(prefix="vgpud-")
         self.log_path = Path(self.dir) / "vgpud.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -40,7 +44,8 @@ class Daemon:
         env = dict(os.environ, NOTIFY_SOCKET=sock_path)
         with open(self.log_path, "ab") as log:
             out = None if self.echo else log
-            self.proc = subprocess.Popen([sys.executable, "-m", "vgpud.daemon", *self.args],
+            self.proc = subprocess.Popen([*self.prefix, sys.executable, "-m", "vgpud.daemon",
+                                          *self.args],
                                          stdout=out, stderr=subprocess.STDOUT, env=env)
         self._notify = notify  # kept bound until the daemon is gone (STOPPING=1)
         try:

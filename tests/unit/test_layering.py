@@ -39,6 +39,9 @@ SANS_IO = [
     "vgpud.kernel.codec", "vgpud.policy.dispatch", "vgpud.policy.quota",
     "vgpud.policy.sched", "vgpud.policy.simple", "vgpud.policy.rules",
     "vgpud.probes.histograms", "vgpud.probes.layout", "vgpud.probes.render",
+    "vgpud.fsview.snapshot", "vgpud.fsview.render", "vgpud.fsview.values",
+    "vgpud.metrics.snapshot", "vgpud.metrics.families", "vgpud.metrics.listen",
+    "vgpud.cdi.spec", "vgpud.cdi.hook",
 ]
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import errno
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from vgpud.kernel.codec import DecodeError, Event, Upcall
 from vgpud.kernel.uapi import (
@@ -25,7 +26,7 @@ from vgpud.nvidia.escapes import Escape
 from vgpud.nvidia.layouts import NVOS21, NVOS64, decode_call
 from vgpud.policy.base import Decoded, Policy, Request
 
-__all__ = ["Counters", "Dispatcher"]
+__all__ = ["LATENCY_SLOTS", "Counters", "Dispatcher", "VerdictStats"]
 
 log = logging.getLogger("vgpud")
 
@@ -39,6 +40,27 @@ class Counters:
     unanswered: int = 0  # malformed upcalls whose id was unreadable
     call_errors: int = 0  # RM params that did not decode (the policy saw call=None)
     policy_errors: int = 0  # policy raised or gave an unusable verdict
+
+
+# Verdict latency slots: slot i counts decisions of 2**(i-1) <= ns < 2**i (slot 0: 0 ns),
+# the last one everything from 2**(LATENCY_SLOTS-2) ns (about 33 ms) up.
+LATENCY_SLOTS = 27
+
+
+@dataclass(slots=True)
+class VerdictStats:
+    """Verdicts by action and the time from an upcall to its verdict, as plain
+    ints updated in place (no allocation per upcall), for the metrics."""
+
+    by_action: list[int] = field(default_factory=lambda: [0] * (max(VerdictAction) + 1))
+    latency: list[int] = field(default_factory=lambda: [0] * LATENCY_SLOTS)
+    latency_sum_ns: int = 0
+
+    def record(self, verdict: Verdict, started_ns: int, now_ns: int) -> None:
+        spent = now_ns - started_ns
+        self.by_action[verdict.action] += 1
+        self.latency[min(spent.bit_length(), LATENCY_SLOTS - 1)] += 1
+        self.latency_sum_ns += spent
 
 
 class Dispatcher:
@@ -61,14 +83,19 @@ class Dispatcher:
     The params are decoded when the policy first reads ``Request.call``.
     """
 
-    def __init__(self, policy: Policy, *, fail_open: bool = False) -> None:
+    def __init__(self, policy: Policy, *, fail_open: bool = False,
+                 clock: Callable[[], int] = time.perf_counter_ns) -> None:
+        """``clock`` (ns): what the verdict latency is measured with."""
         self.policy = policy
         self.counters = Counters()
+        self.verdict_stats = VerdictStats()
+        self._clock = clock
         self._on_policy_error = ALLOW if fail_open else Verdict.deny(errno.EIO)
         self._on_malformed = ALLOW if fail_open else Verdict.deny(errno.EPROTO)
 
     def on_upcall(self, upcall: Upcall) -> Verdict | ObjQuery:
         """The verdict, or (POST upcalls) an ObjQuery whose resume gives it."""
+        started = self._clock()
         counters = self.counters
         counters.upcalls += 1
         kind = upcall.kind
@@ -76,7 +103,7 @@ class Dispatcher:
             if kind is _POST:
                 verdict = self.policy.decide_post(Request(upcall, self._decode))
                 if isinstance(verdict, ObjQuery):
-                    return self._guard(upcall, verdict)
+                    return self._guard(upcall, verdict, started)
             else:
                 verdict = self.policy.decide(Request(upcall, self._decode))
             if verdict is not ALLOW:
@@ -86,16 +113,18 @@ class Dispatcher:
             log.exception("policy failed on upcall %d", upcall.id)
             verdict = ALLOW if kind is _POST else self._on_policy_error
         counters.verdicts += 1
+        self.verdict_stats.record(verdict, started, self._clock())
         return verdict
 
-    def _guard(self, upcall: Upcall, query: ObjQuery) -> ObjQuery:
-        """The same query, whose resume is checked as a verdict is and never raises."""
+    def _guard(self, upcall: Upcall, query: ObjQuery, started: int) -> ObjQuery:
+        """The same query, whose resume is checked as a verdict is and never raises;
+        the verdict's latency counts from ``started``, when the upcall came."""
 
         def resume(results: Sequence[ObjResult] | None) -> Verdict | ObjQuery:
             try:
                 answer = query.resume(results)
                 if isinstance(answer, ObjQuery):
-                    return self._guard(upcall, answer)
+                    return self._guard(upcall, answer, started)
                 if answer is not ALLOW:
                     _check(answer, upcall)
             except Exception:
@@ -103,6 +132,7 @@ class Dispatcher:
                 log.exception("policy failed on the truth of upcall %d", upcall.id)
                 answer = ALLOW  # a POST upcall: the call has happened
             self.counters.verdicts += 1
+            self.verdict_stats.record(answer, started, self._clock())
             return answer
 
         return ObjQuery(query.ops, resume)
@@ -137,6 +167,7 @@ class Dispatcher:
             return None
         log.warning("malformed upcall %d: %s", error.upcall_id, error)
         self.counters.verdicts += 1
+        self.verdict_stats.by_action[self._on_malformed.action] += 1
         return self._on_malformed
 
 

@@ -220,6 +220,11 @@ class SchedulerService:
     def running(self) -> dict[int, str | None]:
         return {i: gpu.core.running for i, gpu in self._gpus.items()}
 
+    def gpu_time_ns(self) -> dict[tuple[int, str], int] | None:
+        """(GPU, tenant) -> GPU time the activity source measured since it
+        started (as of its last poll); None without a source."""
+        return None if self.activity is None else dict(self._busy)
+
     # --- what it observes: the GroupTracker and the Manager ---
 
     def notify(self, event: GroupEvent | ManagerEvent) -> None:

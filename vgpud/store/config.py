@@ -11,6 +11,18 @@
     enabled = true                 # latency probes (bcc), when bcc, headers and tracefs allow
     interval_ms = 1000             # how often the daemon reads their maps
 
+    [fs]
+    enabled = true                 # the cgroup-style file view (FUSE)
+    mountpoint = "/run/vgpud/fs"
+
+    [metrics]
+    enabled = false                # Prometheus metrics over HTTP
+    listen = "127.0.0.1:9400"      # host:port; loopback only unless said otherwise
+
+    [cdi]
+    enabled = true                 # keep a CDI spec of the tenants' devices current
+    spec_dir = "/var/run/cdi"      # where container runtimes read CDI specs
+
     [[tenant]]
     name = "alice"
     memory = "8GiB"                # per GPU: bytes, 8GiB, 512MiB, or 50% of the device
@@ -36,9 +48,10 @@ import tomllib
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from vgpud.core.tenants import Tenant, TenantName
+from vgpud.metrics.listen import parse_listen
 
 DEFAULT_CONFIG_PATH = Path("/etc/vgpud/vgpud.toml")
 DEFAULT_STATE_PATH = Path("/var/lib/vgpud/state.json")
@@ -79,11 +92,41 @@ class ProbeSettings(BaseModel):
     interval_ms: Annotated[int, Field(strict=True, ge=100, le=60_000)] = 1000
 
 
+class FsSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(default=True, strict=True)
+    mountpoint: Path = Path("/run/vgpud/fs")
+
+
+class MetricsSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(default=False, strict=True)
+    listen: str = Field(default="127.0.0.1:9400", strict=True)
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        parse_listen(value)
+        return value
+
+
+class CdiSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(default=True, strict=True)
+    spec_dir: Path = Path("/var/run/cdi")
+
+
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     daemon: DaemonSettings = DaemonSettings()
     probes: ProbeSettings = ProbeSettings()
+    fs: FsSettings = FsSettings()
+    metrics: MetricsSettings = MetricsSettings()
+    cdi: CdiSettings = CdiSettings()
     tenants: tuple[Tenant, ...] = Field(default=(), validation_alias="tenant")
 
 

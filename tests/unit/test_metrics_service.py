@@ -1,0 +1,212 @@
+"""The metrics adapter on a real socket: serving, caching, a taken port, a module
+that stops answering; and the quota daemon on the fake kernel with metrics on."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.daemon_world import World, inventory, write_config
+from tests.support.fakekernel import make_stats, make_stats4, post_event_msg, upcall_msg
+from vgpud.app import build_quota
+from vgpud.core.ledger import Usage
+from vgpud.daemon import Daemon
+from vgpud.host.systemd import Notifier
+from vgpud.kernel.channel import ChannelError
+from vgpud.kernel.uapi import Stats, Stats4, UpcallKind, VerdictAction
+from vgpud.metrics import service
+from vgpud.metrics.service import MetricsService
+from vgpud.metrics.snapshot import Snapshot, collect
+from vgpud.nvidia import layouts as L
+from vgpud.policy.dispatch import Counters, Dispatcher, VerdictStats
+
+GIB = 2**30
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, b""
+
+
+def values(text: bytes, name: str) -> dict[str, float]:
+    """tenant label (or "") -> value of the samples of ``name``."""
+    return {s.labels.get("tenant", ""): s.value
+            for m in text_string_to_metric_families(text.decode()) for s in m.samples
+            if s.name == name}
+
+
+class Figures:
+    """A collect function over a usage the test changes, counting its calls."""
+
+    def __init__(self) -> None:
+        self.used = 0
+        self.calls = 0
+
+    def __call__(self, module: Stats | None, module4: Stats4 | None) -> Snapshot:
+        self.calls += 1
+        return collect([Usage("t", 0, GIB, self.used, 0)], uuids={}, denied={},
+                       gpu_time_ns=None, target={}, measured={}, counters=Counters(),
+                       verdicts=VerdictStats(), overruns=0, module=module, module4=module4)
+
+
+def test_serves_the_latest_snapshot_and_renders_it_once() -> None:
+    figures = Figures()
+    answers: list[object] = [(make_stats(opens=3), make_stats4()), ChannelError("gone")]
+
+    async def counters() -> tuple[Stats, Stats4 | None]:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer  # type: ignore[return-value]
+
+    async def main() -> None:
+        metrics = MetricsService("127.0.0.1", free_port(), figures, counters, interval=3600)
+        assert metrics.start()
+        assert metrics.address is not None
+        url = f"http://127.0.0.1:{metrics.address[1]}/metrics"
+        try:
+            await asyncio.sleep(0)  # the refresh task's first round
+            figures.used = 4096
+            status, first = await asyncio.to_thread(get, url)
+            assert status == 200
+            assert values(first, "vgpud_memory_used_bytes") == {"t": 0}
+            assert values(first, "vgpud_module_opens_total") == {"": 3}
+            assert metrics.render() is metrics.render()  # the same bytes until a new snapshot
+            await metrics.refresh()  # GET_STATS fails: the last module figures stay
+            status, second = await asyncio.to_thread(get, url)
+            assert values(second, "vgpud_memory_used_bytes") == {"t": 4096}
+            assert values(second, "vgpud_module_opens_total") == {"": 3}
+            assert (await asyncio.to_thread(get, url.replace("/metrics", "/x")))[0] == 404
+        finally:
+            await metrics.stop()
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1].split("/")[0])),
+                                     timeout=1)
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+
+
+def test_a_taken_port_is_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    async def counters() -> tuple[Stats, Stats4 | None]:
+        raise AssertionError("not asked: nothing serves")
+
+    async def main() -> None:
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            metrics = MetricsService("127.0.0.1", port, Figures(), counters)
+            assert not metrics.start()
+            assert metrics.address is None
+            await metrics.stop()
+
+    asyncio.run(main())
+    assert any("cannot listen on 127.0.0.1 port" in m and "running without metrics" in m
+               for m in caplog.messages)
+
+
+def test_a_silent_client_delays_scrapes_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection that never sends its request holds the (serial) server
+    until its timeout, not the loop: snapshots go on, and the next scraper
+    is answered once the silent one is dropped."""
+    monkeypatch.setattr(service._Handler, "timeout", 0.5)
+    figures = Figures()
+
+    async def counters() -> tuple[Stats, Stats4 | None]:
+        return make_stats(), None
+
+    async def main() -> None:
+        metrics = MetricsService("127.0.0.1", free_port(), figures, counters, interval=3600)
+        assert metrics.start()
+        assert metrics.address is not None
+        port = metrics.address[1]
+        with socket.create_connection(("127.0.0.1", port)):
+            scrape = asyncio.create_task(
+                asyncio.to_thread(get, f"http://127.0.0.1:{port}/metrics"))
+            calls = figures.calls
+            await metrics.refresh()
+            assert figures.calls == calls + 1 and not scrape.done()
+            assert (await scrape)[0] == 200
+        await metrics.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+
+
+def mem_alloc(size: int, h_new: int = 0) -> tuple[bytes, bytes]:
+    fields = [0] * 23
+    fields[13] = size
+    alloc = L.NV_MEMORY_ALLOCATION_PARAMS.struct.pack(*fields)
+    return L.NVOS21.struct.pack(1, 2, h_new, 0x40, 0x1000, len(alloc), 0), alloc
+
+
+def test_quota_daemon_with_metrics(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Metrics on in the config: a tenant's 1 GiB, its refused allocation
+    (counted from the start, before the server is up) and the verdicts show
+    at the configured address; SIGTERM stops the server."""
+    caplog.set_level(logging.INFO)
+    port = free_port()
+    config = write_config(tmp_path, f'\n[metrics]\nenabled = true\nlisten = "127.0.0.1:{port}"\n')
+    world = World(tmp_path, stats=make_stats(opens=11))
+    policy, app = build_quota(config, "off", inventory, probes=False)
+    daemon = Daemon(Dispatcher(policy), policy.filter(), open_channel=world.open_channel,
+                    notifier=Notifier(world.notify_path), app=app)
+    url = f"http://127.0.0.1:{port}/metrics"
+
+    async def main() -> None:
+        serving = asyncio.create_task(daemon.serve())
+        assert (await world.notification()).startswith("READY=1")
+        k = world.kernel
+        k.send(upcall_msg(kind=UpcallKind.OPEN, id=1, ctx_id=7, uid=1000, cgroup="/"))
+        assert (await k.verdicts.get())[:2] == (1, VerdictAction.ALLOW)
+        device = L.NV0080_ALLOC_PARAMETERS.struct.pack(0, 0, 0, 0, 0, 0, 0, 0, 0)
+        dev_params = L.NVOS21.struct.pack(1, 1, 2, 0x80, 0x1000, len(device), 0)
+        k.send(upcall_msg(dev_params, device, id=2, ctx_id=7, nr=0x2B))
+        assert (await k.verdicts.get())[:2] == (2, VerdictAction.ALLOW)
+        k.send(post_event_msg(7, 2, 0x2B, 0, dev_params, device))
+        params, alloc = mem_alloc(GIB)
+        k.send(upcall_msg(params, alloc, id=3, ctx_id=7, nr=0x2B))
+        assert (await k.verdicts.get())[:2] == (3, VerdictAction.ALLOW)
+        k.send(post_event_msg(7, 3, 0x2B, 0, mem_alloc(GIB, h_new=0x99)[0], alloc))
+        params, alloc = mem_alloc(4096)
+        k.send(upcall_msg(params, alloc, id=4, ctx_id=7, nr=0x2B))
+        assert (await k.verdicts.get())[:2] == (4, VerdictAction.FAIL_STATUS)
+        for _ in range(500):  # the server starts after READY=1, off the upcall path
+            if app.metrics is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert app.metrics is not None
+        await app.metrics.refresh()
+        status, text = await asyncio.to_thread(get, url)
+        assert status == 200
+        assert values(text, "vgpud_memory_used_bytes") == {"a": GIB}
+        assert values(text, "vgpud_memory_limit_bytes") == {"a": GIB}
+        assert values(text, "vgpud_allocations_denied_total") == {"a": 1}
+        assert values(text, "vgpud_upcalls_total") == {"": 4}
+        assert values(text, "vgpud_module_opens_total") == {"": 11}
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert await serving == 0
+        assert app.metrics is None
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=1)
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+    world.close()
+    assert any(f"serving http://127.0.0.1:{port}/metrics" in m for m in caplog.messages)

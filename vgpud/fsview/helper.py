@@ -1,0 +1,164 @@
+"""vgpud-fsmount: mounts the file view for a daemon without CAP_SYS_ADMIN.
+
+One request per connection (systemd's vgpud-fsmount.socket, Accept=yes,
+starts one vgpud-fsmount@.service per connection and passes it as fd 3;
+``--listen PATH`` serves a socket itself, for tests and systems without
+systemd). The peer must be uid 0 (SO_PEERCRED). Requests:
+
+- ``mount`` with a /dev/fuse descriptor (SCM_RIGHTS): lazily unmount what is
+  at the config's [fs] mountpoint, then mount a FUSE file system there on
+  that descriptor (nosuid, nodev, noexec, default_permissions, allow_other);
+- ``umount``: lazily unmount it.
+
+The mountpoint comes from the config file the helper reads itself, never
+from the client. The reply is one line: ``OK <mountpoint>`` or ``ERR <why>``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import stat
+import struct
+import sys
+from pathlib import Path
+
+import click
+
+from vgpud.fsview.mountfd import mount, umount_detach
+from vgpud.store.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
+
+__all__ = ["main", "mount_data", "parse_request", "serve_connection"]
+
+log = logging.getLogger("vgpud-fsmount")
+
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x2, 0x4, 0x8
+FUSE_MAJOR, FUSE_MINOR = 10, 229  # /dev/fuse
+REQUEST_MAX = 64
+SD_LISTEN_FDS_START = 3
+
+
+class Refused(Exception):
+    """A request that is answered ERR."""
+
+
+def parse_request(data: bytes, fds: list[int]) -> str:
+    """``mount`` (with exactly one descriptor) or ``umount`` (with none)."""
+    if not data.endswith(b"\n") or data.count(b"\n") != 1:
+        raise Refused("a request is one line")
+    verb = data[:-1].decode("ascii", errors="replace")
+    if verb == "mount" and len(fds) == 1:
+        return verb
+    if verb == "umount" and not fds:
+        return verb
+    if verb in ("mount", "umount"):
+        raise Refused(f"{verb} takes {'one descriptor' if verb == 'mount' else 'none'}, "
+                      f"not {len(fds)}")
+    raise Refused(f"unknown request {verb[:32]!r}")
+
+
+def mount_data(fd: int) -> str:
+    """The FUSE mount options for descriptor ``fd``: served as root, the
+    kernel checks the modes, other users may look."""
+    return f"fd={fd},rootmode=40000,user_id=0,group_id=0,default_permissions,allow_other"
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def _receive(conn: socket.socket) -> tuple[bytes, list[int]]:
+    data, ancdata, _, _ = conn.recvmsg(REQUEST_MAX, socket.CMSG_SPACE(4 * 4))
+    fds: list[int] = []
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.extend(struct.unpack(f"{len(payload) // 4}i", payload[:len(payload) // 4 * 4]))
+    return data, fds
+
+
+def _is_fuse_device(fd: int) -> bool:
+    st = os.fstat(fd)
+    return stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (
+        FUSE_MAJOR, FUSE_MINOR)
+
+
+def _mountpoint(config_path: Path) -> Path:
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        raise Refused(str(exc)) from exc
+    if not config.fs.enabled:
+        raise Refused(f"the file view is off ([fs] enabled in {config_path})")
+    return config.fs.mountpoint
+
+
+def _handle(conn: socket.socket, config_path: Path) -> str:
+    data, fds = _receive(conn)
+    try:
+        uid = _peer_uid(conn)
+        if uid != 0:
+            raise Refused(f"uid {uid} is not root")
+        verb = parse_request(data, fds)
+        where = _mountpoint(config_path)
+        if verb == "umount":
+            umount_detach(str(where))
+            return str(where)
+        if not _is_fuse_device(fds[0]):
+            raise Refused("the descriptor is not /dev/fuse")
+        where.mkdir(mode=0o755, parents=True, exist_ok=True)
+        if umount_detach(str(where)):
+            log.info("detached a stale mount at %s", where)
+        mount("vgpud", str(where), "fuse.vgpud", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              mount_data(fds[0]))
+        log.info("mounted the file view at %s", where)
+        return str(where)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def serve_connection(conn: socket.socket, config_path: Path) -> bool:
+    """Answer one request; whether it succeeded."""
+    try:
+        reply, ok = f"OK {_handle(conn, config_path)}", True
+    except (Refused, OSError) as exc:
+        log.error("refused: %s", exc)
+        reply, ok = f"ERR {exc}", False
+    try:
+        conn.sendall(f"{reply}\n".encode())
+    except OSError as exc:
+        log.warning("cannot reply: %s", exc)
+    return ok
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=DEFAULT_CONFIG_PATH, show_default=True,
+              help="The vgpud config whose [fs] mountpoint is mounted.")
+@click.option("--listen", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Serve this socket (mode 0600) until killed, instead of the "
+              "connection systemd passes (fd 3).")
+def main(config_path: Path, listen: Path | None) -> None:
+    """Mount the vgpud file view for the daemon (a privileged helper)."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(name)s: %(levelname)s %(message)s")
+    if listen is None:
+        if os.environ.get("LISTEN_FDS") != "1" or os.environ.get("LISTEN_PID") != str(os.getpid()):
+            raise click.UsageError("no connection from systemd (LISTEN_FDS): use --listen")
+        with socket.socket(fileno=SD_LISTEN_FDS_START) as conn:
+            sys.exit(0 if serve_connection(conn, config_path) else 1)
+    listen.unlink(missing_ok=True)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        old = os.umask(0o177)
+        try:
+            server.bind(str(listen))
+        finally:
+            os.umask(old)
+        server.listen(8)
+        while True:
+            conn, _ = server.accept()
+            with conn:
+                conn.settimeout(10)
+                serve_connection(conn, config_path)

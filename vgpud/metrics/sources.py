@@ -1,0 +1,75 @@
+"""Where a snapshot's figures come from in the running daemon, wired once."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import suppress
+from typing import Any
+
+from vgpud.admin.manager import Manager, ManagerEvent, QuotaExceeded
+from vgpud.core.ledger import Ledger
+from vgpud.host.inventory import from_nvsim, import_nvml
+from vgpud.kernel.channel import ChannelStats
+from vgpud.kernel.uapi import Stats, Stats4
+from vgpud.metrics.service import Collect
+from vgpud.metrics.snapshot import Snapshot, collect
+from vgpud.policy.dispatch import Dispatcher
+from vgpud.sched.service import SchedulerService
+
+__all__ = ["DeniedCounts", "gpu_uuids", "snapshot_source"]
+
+log = logging.getLogger("vgpud.metrics")
+
+
+class DeniedCounts:
+    """Observes the Manager: allocations refused over quota, by (tenant, GPU)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, int], int] = {}
+
+    def notify(self, event: ManagerEvent) -> None:
+        if type(event) is QuotaExceeded:
+            key = (event.denied.tenant, event.denied.gpu)
+            self.counts[key] = self.counts.get(key, 0) + 1
+
+
+def snapshot_source(manager: Manager, ledger: Ledger, scheduler: SchedulerService,
+                    dispatcher: Dispatcher, channel: ChannelStats, denied: DeniedCounts,
+                    uuids: dict[int, str]) -> Collect:
+    """The function the metrics service takes its snapshots with (on the loop)."""
+
+    def take(module: Stats | None, module4: Stats4 | None) -> Snapshot:
+        names = [t.name for t in manager.tenants]
+        return collect(
+            ledger.snapshot(), uuids=uuids, denied=denied.counts,
+            gpu_time_ns=scheduler.gpu_time_ns(),
+            target={n: scheduler.share(n) for n in names},
+            measured={n: scheduler.measured_share(n) for n in names},
+            counters=dispatcher.counters, verdicts=dispatcher.verdict_stats,
+            overruns=channel.enobufs, module=module, module4=module4)
+
+    return take
+
+
+def gpu_uuids(nvml: Any = None) -> dict[int, str]:
+    """NVML index -> UUID (GPU-...); empty under nvsim or where NVML cannot
+    answer. Blocking: run it in a worker thread."""
+    if from_nvsim() is not None:
+        return {}
+    try:
+        nvml = nvml or import_nvml()
+        nvml.nvmlInit()
+    except Exception as exc:  # ImportError or any NVMLError: no UUIDs, said once
+        log.info("metrics: no GPU UUIDs (%s): gpu_uuid labels are empty", exc)
+        return {}
+    uuids: dict[int, str] = {}
+    try:
+        for i in range(nvml.nvmlDeviceGetCount()):
+            uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))
+            uuids[i] = uuid.decode(errors="replace") if isinstance(uuid, bytes) else str(uuid)
+    except nvml.NVMLError as exc:
+        log.info("metrics: NVML UUID query failed (%s)", exc)
+    finally:
+        with suppress(nvml.NVMLError):
+            nvml.nvmlShutdown()
+    return uuids
