@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import errno
 import os
 import shutil
 import signal
@@ -24,6 +23,7 @@ from typing import Any, TypeVar
 import pytest
 
 from tests.support.bus import make_manager, write_config
+from tests.support.workloads import writes
 from vgpud.admin.manager import Manager
 from vgpud.core.ledger import Key, Reservation
 from vgpud.fsview.mountfd import HelperError, request
@@ -103,21 +103,6 @@ def is_mounted(path: Path) -> bool:
                for line in Path("/proc/self/mountinfo").read_text().splitlines())
 
 
-def write(path: Path, *chunks: bytes) -> list[int | str]:
-    """write(2) each chunk on one open file: bytes written or the errno name."""
-    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
-    out: list[int | str] = []
-    try:
-        for chunk in chunks:
-            try:
-                out.append(os.write(fd, chunk))
-            except OSError as exc:
-                out.append(errno.errorcode[exc.errno or 0])
-    finally:
-        os.close(fd)
-    return out
-
-
 def as_user(uid: int, *groups: int, code: str) -> subprocess.CompletedProcess[str]:
     ids = ["--reuid", str(uid), "--regid", str(uid)]
     ids += ["--groups", ",".join(map(str, groups))] if groups else ["--clear-groups"]
@@ -186,15 +171,15 @@ def test_usage_peak_and_contexts_follow_the_ledger(served: Served) -> None:
 
 
 def test_root_write_goes_through_the_manager(served: Served, tmp_path: Path) -> None:
-    assert write(served.path("alice", "dmem.max"), b"nvidia/gpu0/vidmem 4096\n") == [24]
+    assert writes(served.path("alice", "dmem.max"), b"nvidia/gpu0/vidmem 4096\n") == [24]
     assert str(served.call(served.manager.tenant, "alice").memory) == "4KiB"
     assert served.path("alice", "dmem.max").read_text() == (
         "nvidia/gpu0/vidmem 4096\nnvidia/gpu1/vidmem 4096\n")
-    assert write(served.path("alice", "gpu.weight"), b"700\n") == [4]
-    assert write(served.path("alice", "gpu.max"), b"30\n") == [3]
+    assert writes(served.path("alice", "gpu.weight"), b"700\n") == [4]
+    assert writes(served.path("alice", "gpu.max"), b"30\n") == [3]
     alice = load_state(tmp_path / "state.json").tenants(served.manager.config.tenants)[0]
     assert (alice.name, str(alice.memory), alice.weight, alice.cap) == ("alice", "4KiB", 700, 30)
-    assert write(served.path("alice", "gpu.max"), b"max") == [3]
+    assert writes(served.path("alice", "gpu.max"), b"max") == [3]
     assert served.path("alice", "gpu.max").read_text() == "max\n"
 
 
@@ -223,22 +208,22 @@ def test_bad_value_is_einval_and_changes_nothing(served: Served, name: str,
                                                  data: bytes) -> None:
     before = {f: served.path("alice", f).read_text() for f in ("dmem.max", "gpu.weight",
                                                               "gpu.max")}
-    assert write(served.path("alice", name), data) == ["EINVAL"]
+    assert writes(served.path("alice", name), data) == ["EINVAL"]
     assert {f: served.path("alice", f).read_text() for f in before} == before
 
 
 def test_partial_writes_change_nothing(served: Served) -> None:
     path = served.path("alice", "dmem.max")
-    assert write(path, b"nvidia/gpu0/vid", b"mem 4096\n") == ["EINVAL", "EINVAL"]
-    assert write(path, b"4096", b"\n") == [4, "EINVAL"]  # each write is one whole value
+    assert writes(path, b"nvidia/gpu0/vid", b"mem 4096\n") == ["EINVAL", "EINVAL"]
+    assert writes(path, b"4096", b"\n") == [4, "EINVAL"]  # each write is one whole value
     assert str(served.call(served.manager.tenant, "alice").memory) == "4KiB"
 
 
 def test_read_only_files_and_tree_refuse_root(served: Served) -> None:
     with pytest.raises(PermissionError):
-        write(served.path("alice", "dmem.current"), b"0\n")
+        writes(served.path("alice", "dmem.current"), b"0\n")
     with pytest.raises(PermissionError):
-        write(served.path("alice", "gpu.priority"), b"priority\n")
+        writes(served.path("alice", "gpu.priority"), b"priority\n")
     with pytest.raises(OSError):
         (served.mountpoint / "tenants" / "mallory").mkdir()
     with pytest.raises(OSError):
@@ -270,7 +255,7 @@ def test_a_read_is_one_snapshot(served: Served) -> None:
     path = served.path("alice", "dmem.max")
     with open(path, "rb", buffering=0) as f:
         first = f.read(10)
-        assert write(path, b"max\n") == [4]
+        assert writes(path, b"max\n") == [4]
         rest = f.read()
     assert (first + rest).decode() == f"nvidia/gpu0/vidmem {2**33}\nnvidia/gpu1/vidmem {2**33}\n"
     assert path.read_text() == "nvidia/gpu0/vidmem max\nnvidia/gpu1/vidmem max\n"
@@ -282,7 +267,7 @@ def test_concurrent_writers_leave_one_of_their_values(served: Served) -> None:
 
     def writer(value: int) -> None:
         for _ in range(25):
-            results.append(write(path, f"{value}\n".encode()))
+            results.append(writes(path, f"{value}\n".encode()))
 
     threads = [threading.Thread(target=writer, args=(v,)) for v in range(101, 109)]
     for t in threads:
@@ -384,7 +369,7 @@ def test_unprivileged_daemon_serves_through_the_helper(helper: Path, tmp_path: P
                     if x.split()[4] == str(where))
         assert "fuse.vgpud" in line and "default_permissions" in line and "allow_other" in line
         assert "nosuid" in line and "nodev" in line and "noexec" in line
-        assert write(where / "tenants" / "alice" / "gpu.weight", b"42\n") == [3]
+        assert writes(where / "tenants" / "alice" / "gpu.weight", b"42\n") == [3]
         assert (where / "tenants" / "alice" / "gpu.weight").read_text() == "42\n"
         out = as_user(65534, code=try_write(where / "tenants" / "alice" / "gpu.weight", "9"))
         assert out.stdout == "Permission denied\n"

@@ -9,7 +9,6 @@ root through nvsim's nodes), not against the daemon's view alone.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -29,6 +28,7 @@ from tests.support import tenant_workload
 from tests.support.guest import NVSIM_DIR, ROOT, nvsim_loaded
 from tests.support.nvsim import heap_free
 from tests.support.vgpud_proc import Daemon
+from tests.support.workloads import writes
 
 pytestmark = pytest.mark.vm
 
@@ -102,21 +102,6 @@ def shell(script: str, *ids: str) -> subprocess.CompletedProcess[str]:
     if ids:
         argv = ["setpriv", *ids, *argv]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60)
-
-
-def writes(path: Path, *chunks: bytes) -> list[int | str]:
-    """write(2) each chunk on one open file: bytes written or the errno name."""
-    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
-    out: list[int | str] = []
-    try:
-        for chunk in chunks:
-            try:
-                out.append(os.write(fd, chunk))
-            except OSError as exc:
-                out.append(errno.errorcode[exc.errno or 0])
-    finally:
-        os.close(fd)
-    return out
 
 
 def wait_for(what: Callable[[], bool], timeout: float = 60.0) -> None:

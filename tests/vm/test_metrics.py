@@ -22,16 +22,15 @@ from pathlib import Path
 import pytest
 
 from tests.support import nvclient as nv
-from tests.support import tenant_workload
 from tests.support.guest import (
     NVSIM_DIR,
     NVSIM_KO,
-    ROOT,
     insmod,
     remove_cgroup,
     rmmod,
     wait_path,
 )
+from tests.support.workloads import CgroupWorkload as Workload
 
 pytestmark = pytest.mark.vm
 
@@ -172,32 +171,6 @@ def served(vgpu: Path, daemon_factory, tmp_path: Path) -> Iterator[Prometheus]:
         print(daemon.log())  # shown by pytest when the test fails
         print(prometheus.log())
         shutil.rmtree(tmp_path / "tsdb", ignore_errors=True)
-
-
-class Workload:
-    """tests/support/tenant_workload.py in the tenant's cgroup."""
-
-    def __init__(self, cgroup: Path, *args: str) -> None:
-        procs = str(cgroup / "cgroup.procs")
-
-        def enter() -> None:
-            Path(procs).write_text(str(os.getpid()))
-
-        self.proc = subprocess.Popen(tenant_workload.command("/dev/vgpu", *args), cwd=ROOT,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     preexec_fn=enter)
-
-    def statuses(self, n: int) -> list[int]:
-        assert self.proc.stdout is not None
-        return [json.loads(self.proc.stdout.readline())["status"] for _ in range(n)]
-
-    def wait_holding(self) -> None:
-        assert self.proc.stdout is not None
-        assert self.proc.stdout.readline().strip() == "holding"
-
-    def release(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.communicate("\n", timeout=60)
 
 
 def test_prometheus_sees_the_exact_bytes(served: Prometheus, cgroup: Path, nvsim: Path) -> None:

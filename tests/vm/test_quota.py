@@ -16,12 +16,10 @@ from pathlib import Path
 import pytest
 
 from tests.support import nvclient as nv
-from tests.support import tenant_workload
 from tests.support.bus import PrivateBus
 from tests.support.guest import (
     NVSIM_DIR,
     NVSIM_KO,
-    ROOT,
     VGPU_DIR,
     VGPU_KO,
     VGPU_OVER_NVSIM,
@@ -30,6 +28,7 @@ from tests.support.guest import (
     rmmod,
     wait_path,
 )
+from tests.support.workloads import CgroupWorkload as Workload
 from vgpud.store.journal import current_identity
 
 pytestmark = pytest.mark.vm
@@ -90,35 +89,6 @@ def quota_daemon(vgpu: Path, daemon_factory, tmp_path: Path) -> Iterator[tuple]:
         print(daemon.log())  # shown by pytest when the test fails
         bus.close()
         del os.environ["DBUS_SYSTEM_BUS_ADDRESS"]
-
-
-class Workload:
-    """tests/support/tenant_workload.py started inside a cgroup."""
-
-    def __init__(self, cgroup: Path, *args: str) -> None:
-        procs = str(cgroup / "cgroup.procs")
-
-        def enter() -> None:
-            Path(procs).write_text(str(os.getpid()))
-
-        self.proc = subprocess.Popen(tenant_workload.command("/dev/vgpu", *args), cwd=ROOT,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     preexec_fn=enter)
-
-    def lines(self, n: int) -> list[dict]:
-        assert self.proc.stdout is not None
-        return [json.loads(self.proc.stdout.readline()) for _ in range(n)]
-
-    def wait_holding(self) -> None:
-        assert self.proc.stdout is not None
-        assert self.proc.stdout.readline().strip() == "holding"
-
-    def release(self) -> None:
-        self.proc.communicate("\n", timeout=30)
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
 
 
 def once(cgroup: Path, *args: str) -> dict:
