@@ -110,7 +110,8 @@ def build_quota(config_path: Path | None = None, dbus: str = "try",
     if not gpus:
         log.warning("no GPUs in the inventory: every charged allocation will be refused")
     ledger = Ledger()
-    manager = Manager(config_path, config, state, ledger, gpus)
+    manager = Manager(config_path, config, state, ledger,
+                      [(gpu.number, gpu.name, gpu.total) for gpu in gpus])
     log.info("config %s: %d tenants, %d GPUs", config_path, len(manager.tenants), len(gpus))
     tracker = GroupTracker()
     journal = ChargeAndGroupJournal.resume(config.daemon.charges_path, ledger, groups=tracker)
@@ -126,6 +127,7 @@ def build_quota(config_path: Path | None = None, dbus: str = "try",
     app = App(manager, quota, tracker, scheduler, journal=journal, dbus=dbus, cgroups=cgroups,
               probes=probe_service)
     app.fs_wanted = fs and config.fs.enabled
+    app.inventory = tuple(gpus)
     if config.cdi.enabled:
         try:
             app.cdi = SpecKeeper(manager, SpecFile(config.cdi.spec_dir), this_hook())
@@ -180,6 +182,7 @@ class App:
         # The file view (vgpud.fsview): mounted with the channel, unless --no-fs.
         self.fs_wanted = False
         self.fs: FsView | None = None
+        self.inventory: tuple[GpuInfo, ...] = ()  # UUIDs and bus ids for the views
         self._bus: MessageBus | None = None
 
     async def start(self) -> bool:
@@ -250,10 +253,11 @@ class App:
         # Loaded by build_quota already (only when metrics are on).
         from vgpud.metrics.listen import parse_listen
         from vgpud.metrics.service import MetricsService
-        from vgpud.metrics.sources import gpu_uuids, snapshot_source
+        from vgpud.metrics.sources import snapshot_source
 
+        uuids = {gpu.number: gpu.uuid for gpu in self.inventory if gpu.uuid}
         source = snapshot_source(self.manager, self.quota.ledger, self.scheduler, dispatcher,
-                                 channel.stats, self.denied, await asyncio.to_thread(gpu_uuids))
+                                 channel.stats, self.denied, uuids)
         listen = self.manager.config.metrics.listen
         metrics = MetricsService(*parse_listen(listen), source, channel.get_counters)
         if metrics.start():
@@ -268,7 +272,9 @@ class App:
         # In a worker thread: the import takes seconds in a slow guest, and the
         # loop is answering upcalls by now.
         module = await asyncio.to_thread(importlib.import_module, "vgpud.fsview.service")
-        fs = module.FsView(self.manager, self.quota.ledger, self.scheduler, self.manager.config.fs)
+        bus_ids = {gpu.number: gpu.bus_id for gpu in self.inventory if gpu.bus_id}
+        fs = module.FsView(self.manager, self.quota.ledger, self.scheduler,
+                           self.manager.config.fs, bus_ids=bus_ids)
         self.subscriptions.add(self.manager.observers, fs)
         self.subscriptions.add(self.scheduler.observers, fs)
         if await fs.start(channel.list_contexts):

@@ -62,11 +62,17 @@ class FakeNvml:
     def nvmlDeviceGetMemoryInfo(self, h: int) -> SimpleNamespace:
         return SimpleNamespace(total=(h + 1) << 30)
 
+    def nvmlDeviceGetUUID(self, h: int) -> str | bytes:
+        return b"GPU-0b" if h else "GPU-0a"
+
+    def nvmlDeviceGetPciInfo(self, h: int) -> SimpleNamespace:
+        return SimpleNamespace(busId=b"00000000:1B:00.0" if h else "00000001:17:00.0")
+
 
 def test_nvml_devices() -> None:
     nvml = FakeNvml()
-    assert from_nvml(nvml) == [GpuInfo(0, "NVIDIA H200", 1 << 30),
-                               GpuInfo(1, "NVIDIA H200", 2 << 30)]
+    assert from_nvml(nvml) == [GpuInfo(0, "NVIDIA H200", 1 << 30, "GPU-0a", "0001:17:00.0"),
+                               GpuInfo(1, "NVIDIA H200", 2 << 30, "GPU-0b", "0000:1b:00.0")]
     assert nvml.shut
 
 

@@ -1,4 +1,6 @@
-"""The GPUs this node has: (index, name, total bytes) for the Manager's ledger.
+"""The GPUs this node has: (index, name, total bytes) for the Manager's ledger,
+and what names them outside vgpud (UUID, PCI bus id) for the metrics and the
+file view.
 
 Two sources behind one function, ``discover()``:
 - nvsim (tests): when the vgpu module's backing_dir
@@ -6,7 +8,8 @@ Two sources behind one function, ``discover()``:
   is loaded, its GPUs are /sys/module/nvsim/parameters/gpus devices of
   mem_mib MiB each, named "nvsim".
 - NVML (nvidia-ml-py) on real hosts: every device nvmlDeviceGetCount reports,
-  by NVML index, with its name and total memory.
+  by NVML index, with its name, total memory, UUID and PCI bus id (nvsim's
+  have neither: the views name them by index).
 When neither answers, the inventory is empty: the daemon runs, but tenants get
 no memory accounts (every charged allocation is refused) until it restarts
 with GPUs; the log says why.
@@ -34,6 +37,8 @@ class GpuInfo(NamedTuple):
     number: int  # the NVML index, the N of /dev/nvidiaN
     name: str
     total: int  # bytes
+    uuid: str = ""  # GPU-..., "" when unknown (nvsim)
+    bus_id: str = ""  # PCI domain:bus:device.function, lower case; "" when unknown
 
 
 def import_nvml() -> Any:
@@ -90,10 +95,10 @@ def from_nvml(nvml: Any = None) -> list[GpuInfo]:
         gpus = []
         for i in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(i)
-            name = nvml.nvmlDeviceGetName(handle)
-            if isinstance(name, bytes):
-                name = name.decode(errors="replace")
-            gpus.append(GpuInfo(i, name, int(nvml.nvmlDeviceGetMemoryInfo(handle).total)))
+            name = _text(nvml.nvmlDeviceGetName(handle))
+            gpus.append(GpuInfo(i, name, int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
+                                _text(nvml.nvmlDeviceGetUUID(handle)),
+                                _bus_id(_text(nvml.nvmlDeviceGetPciInfo(handle).busId))))
         log.info("inventory: %d GPUs from NVML", len(gpus))
         return gpus
     except nvml.NVMLError as exc:
@@ -102,6 +107,17 @@ def from_nvml(nvml: Any = None) -> list[GpuInfo]:
     finally:
         with suppress(nvml.NVMLError):
             nvml.nvmlShutdown()
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _bus_id(nvml_bus_id: str) -> str:
+    """NVML's bus id has an 8-digit domain (00000000:17:00.0); the kernel's
+    (and the dmem controller's) has 4: 0000:17:00.0."""
+    domain, sep, rest = nvml_bus_id.lower().partition(":")
+    return f"{domain[-4:]}:{rest}" if sep and len(domain) >= 4 else nvml_bus_id.lower()
 
 
 def discover(

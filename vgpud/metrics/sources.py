@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import logging
-from contextlib import suppress
-from typing import Any
-
 from vgpud.admin.manager import Manager, ManagerEvent, QuotaExceeded
 from vgpud.core.ledger import Ledger
-from vgpud.host.inventory import from_nvsim, import_nvml
 from vgpud.kernel.channel import ChannelStats
 from vgpud.kernel.uapi import Stats, Stats4
 from vgpud.metrics.service import Collect
@@ -16,9 +11,7 @@ from vgpud.metrics.snapshot import Snapshot, collect
 from vgpud.policy.dispatch import Dispatcher
 from vgpud.sched.service import SchedulerService
 
-__all__ = ["DeniedCounts", "gpu_uuids", "snapshot_source"]
-
-log = logging.getLogger("vgpud.metrics")
+__all__ = ["DeniedCounts", "snapshot_source"]
 
 
 class DeniedCounts:
@@ -50,26 +43,3 @@ def snapshot_source(manager: Manager, ledger: Ledger, scheduler: SchedulerServic
 
     return take
 
-
-def gpu_uuids(nvml: Any = None) -> dict[int, str]:
-    """NVML index -> UUID (GPU-...); empty under nvsim or where NVML cannot
-    answer. Blocking: run it in a worker thread."""
-    if from_nvsim() is not None:
-        return {}
-    try:
-        nvml = nvml or import_nvml()
-        nvml.nvmlInit()
-    except Exception as exc:  # ImportError or any NVMLError: no UUIDs, said once
-        log.info("metrics: no GPU UUIDs (%s): gpu_uuid labels are empty", exc)
-        return {}
-    uuids: dict[int, str] = {}
-    try:
-        for i in range(nvml.nvmlDeviceGetCount()):
-            uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))
-            uuids[i] = uuid.decode(errors="replace") if isinstance(uuid, bytes) else str(uuid)
-    except nvml.NVMLError as exc:
-        log.info("metrics: NVML UUID query failed (%s)", exc)
-    finally:
-        with suppress(nvml.NVMLError):
-            nvml.nvmlShutdown()
-    return uuids
