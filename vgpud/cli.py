@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import sys
 from collections.abc import Awaitable, Callable
@@ -33,7 +34,15 @@ from rich.table import Table
 
 from vgpud.admin.client import AdminClient, DaemonUnavailable
 from vgpud.cdi.files import SpecFile, this_hook
-from vgpud.cdi.hook import MAX_STATE_BYTES, container_pid
+from vgpud.cdi.hook import (
+    MAX_STATE_BYTES,
+    cgroup_line,
+    cgroup_v2_path,
+    container_pid,
+    container_state,
+    record_name,
+    within,
+)
 from vgpud.cdi.spec import build_spec, render
 from vgpud.kernel import uapi
 from vgpud.kernel.channel import ChannelError, query_module_contexts, query_module_counters
@@ -53,6 +62,11 @@ _NOPERM_ERRORS = frozenset({
     "org.freedesktop.DBus.Error.AccessDenied",  # refused by the bus policy
 })
 U32 = click.IntRange(0, 2**32 - 1)
+PROC = Path("/proc")
+# What `cdi bind` bound, by container id, for `cdi unbind` at poststop (the
+# container's process is gone by then). Root's, in /run: gone at reboot,
+# with the bindings it names (cgroup ids do not survive one).
+CDI_RECORDS = Path("/run/vgpud-cdi")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -462,6 +476,23 @@ def unbind(pid: int) -> None:
     _call("UnbindProcess", "u", pid)
 
 
+@main.command("bind-cgroup")
+@click.argument("path")
+@click.argument("tenant_name", metavar="TENANT")
+def bind_cgroup(path: str, tenant_name: str) -> None:
+    """The processes of cgroup PATH and of the cgroups below it, forked ones
+    too, open as TENANT from now on. PATH is from the cgroup2 root, as
+    /proc/PID/cgroup's 0:: line has it (e.g. /machine.slice/x.scope)."""
+    _call("BindCgroup", "ss", path, tenant_name)
+
+
+@main.command("unbind-cgroup")
+@click.argument("path")
+def unbind_cgroup(path: str) -> None:
+    """Remove the binding of cgroup PATH."""
+    _call("UnbindCgroup", "s", path)
+
+
 @main.group()
 def cdi() -> None:
     """CDI specs for container runtimes (podman, containerd, CRI-O, Docker)."""
@@ -492,13 +523,59 @@ def cdi_generate(output: str) -> None:
 @cdi.command("bind")
 @click.argument("tenant_name", metavar="TENANT")
 def cdi_bind(tenant_name: str) -> None:
-    """The CDI spec's createRuntime hook: bind the container whose OCI state
-    is on stdin to TENANT (needs the rights of `vgpuctl bind`)."""
+    """The CDI spec's createRuntime hook: bind the cgroup of the container
+    whose OCI state is on stdin to TENANT, so that every process of the
+    container, forked ones too, opens as TENANT (needs the rights of
+    `vgpuctl bind-cgroup`)."""
+    state = sys.stdin.buffer.read(MAX_STATE_BYTES + 1)
     try:
-        pid = container_pid(sys.stdin.buffer.read(MAX_STATE_BYTES + 1))
-    except ValueError as e:
+        cid = record_name(container_state(state).id)
+        path = cgroup_v2_path((PROC / str(container_pid(state)) / "cgroup").read_text())
+        own = cgroup_line((PROC / "self" / "cgroup").read_text())
+    except (OSError, ValueError) as e:
         _fail(str(e), EX_ERROR)
-    _call("BindProcess", "us", pid, tenant_name)
+    if within(own, path):
+        _fail(f"the container's cgroup {path} holds this hook (the runtime's cgroup): "
+              "binding it would bind the runtime too", EX_ERROR)
+    _call("BindCgroup", "ss", path, tenant_name)
+    try:
+        _write_record(cid, path)
+    except OSError as e:
+        click.echo(f"vgpuctl: warning: {e}: the binding of {path} stays after the "
+                   "container stops, until the daemon sees the cgroup gone", err=True)
+
+
+@cdi.command("unbind")
+def cdi_unbind() -> None:
+    """The CDI spec's poststop hook: remove the binding `cdi bind` made for
+    the container whose OCI state is on stdin (none: nothing to do)."""
+    try:
+        record = CDI_RECORDS / record_name(
+            container_state(sys.stdin.buffer.read(MAX_STATE_BYTES + 1)).id)
+        path = record.read_text()
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as e:
+        _fail(str(e), EX_ERROR)
+
+    async def unbind(client: AdminClient) -> None:
+        try:
+            await client.call("UnbindCgroup", "s", path)
+        except DBusError as e:  # unbound already, or dropped by the daemon: done
+            if e.type != "org.vgpud1.Error.InvalidArgument":
+                raise
+
+    _daemon(unbind)
+    record.unlink(missing_ok=True)
+
+
+def _write_record(cid: str, path: str) -> None:
+    """CDI_RECORDS/ID holds the cgroup path bound for container ID (0600)."""
+    CDI_RECORDS.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(CDI_RECORDS / cid, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
+                 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(path)
 
 
 @main.command()

@@ -5,11 +5,14 @@
  * CDI spec maps the tenant's node to) it builds a client, device 0 and its
  * subdevice, then allocates COUNT blocks of SIZE MiB of video memory.
  *
- *   cdi_alloc SIZE_MIB COUNT [hold]
+ *   cdi_alloc SIZE_MIB COUNT [fork] [hold]
  *
  * Prints "open errno N" (and exits 2) when the open is refused, else one
  * "alloc I errno E status S" line per block (S in hex, as the driver
  * answers), then, with hold, "holding", and keeps its memory until SIGTERM.
+ * With fork, a child process does all that (it prints "child pid N" first,
+ * its pid in the container) while the main process waits for it, and passes
+ * SIGTERM on: the container's main process never opens the node.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -19,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "attack.h"
@@ -54,10 +58,24 @@ static void must(int err, uint32_t status, const char *what)
 	}
 }
 
+static pid_t child;
+
 static void stop(int sig)
 {
 	(void)sig;
+	if (child > 0)
+		kill(child, SIGTERM);
 	_exit(0);
+}
+
+static int has_arg(int argc, char **argv, const char *word)
+{
+	int i;
+
+	for (i = 3; i < argc; i++)
+		if (!strcmp(argv[i], word))
+			return 1;
+	return 0;
 }
 
 int main(int argc, char **argv)
@@ -65,7 +83,7 @@ int main(int argc, char **argv)
 	uint8_t device[DEVICE_PARAMS_SIZE] = { 0 }, memory[MEMORY_PARAMS_SIZE];
 	uint32_t client, dev, sub, mem, status, subdevice_id = 0;
 	uint64_t size;
-	int ctl, count, i, err;
+	int ctl, count, i, err, wstatus;
 
 	if (argc < 3) {
 		fprintf(stderr, "usage: cdi_alloc SIZE_MIB COUNT [hold]\n");
@@ -76,6 +94,19 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	size = strtoull(argv[1], NULL, 10) << 20;
 	count = atoi(argv[2]);
+	if (has_arg(argc, argv, "fork")) {
+		child = fork();
+		if (child < 0) {
+			printf("fork errno %d\n", errno);
+			return 4;
+		}
+		if (child > 0) {
+			while (waitpid(child, &wstatus, 0) < 0 && errno == EINTR)
+				;
+			return WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 5;
+		}
+		printf("child pid %d\n", (int)getpid());
+	}
 	ctl = open("/dev/nvidiactl", O_RDWR);
 	if (ctl < 0) {
 		printf("open errno %d\n", errno);
@@ -94,7 +125,7 @@ int main(int argc, char **argv)
 		err = rm_alloc(ctl, client, dev, NV01_MEMORY_LOCAL_USER, memory, &mem, &status);
 		printf("alloc %d errno %d status 0x%x\n", i, err, status);
 	}
-	if (argc > 3 && !strcmp(argv[3], "hold")) {
+	if (has_arg(argc, argv, "hold")) {
 		printf("holding\n");
 		for (;;)
 			pause();

@@ -12,7 +12,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vgpud.cdi.hook import MAX_STATE_BYTES, container_pid
+from vgpud.cdi.hook import (
+    MAX_STATE_BYTES,
+    ContainerState,
+    cgroup_v2_path,
+    container_pid,
+    container_state,
+    record_name,
+    within,
+)
 from vgpud.cdi.spec import (
     Hook,
     InvalidDeviceName,
@@ -69,8 +77,11 @@ def cdi_problems(spec: dict[str, Any]) -> list[str]:
 def test_the_spec_of_two_tenants_exactly() -> None:
     spec = build_spec([("alice", (0, 1)), ("bob.x-1", (1,))],
                       Hook("/usr/bin/vgpuctl", ("DBUS_SYSTEM_BUS_ADDRESS=unix:path=/b",)))
-    hook = {"hookName": "createRuntime", "path": "/usr/bin/vgpuctl",
-            "env": ["DBUS_SYSTEM_BUS_ADDRESS=unix:path=/b"]}
+    hook = {"path": "/usr/bin/vgpuctl", "env": ["DBUS_SYSTEM_BUS_ADDRESS=unix:path=/b"]}
+    unbind = {**hook, "hookName": "poststop", "args": ["vgpuctl", "cdi", "unbind"]}
+
+    def bind(tenant: str) -> dict[str, object]:
+        return {**hook, "hookName": "createRuntime", "args": ["vgpuctl", "cdi", "bind", tenant]}
 
     def node(name: str) -> dict[str, str]:
         return {"path": f"/dev/{name}", "hostPath": f"/dev/vgpu/{name}"}
@@ -83,19 +94,20 @@ def test_the_spec_of_two_tenants_exactly() -> None:
             {"name": "alice", "containerEdits": {
                 "deviceNodes": [node("nvidiactl"), node("nvidia-uvm"), node("nvidia0"),
                                 node("nvidia1")],
-                "hooks": [{**hook, "args": ["vgpuctl", "cdi", "bind", "alice"]}]}},
+                "hooks": [bind("alice"), unbind]}},
             {"name": "bob.x-1", "containerEdits": {
                 "deviceNodes": [node("nvidiactl"), node("nvidia-uvm"), node("nvidia1")],
-                "hooks": [{**hook, "args": ["vgpuctl", "cdi", "bind", "bob.x-1"]}]}},
+                "hooks": [bind("bob.x-1"), unbind]}},
         ],
     }
     assert cdi_problems(spec.content) == []
     assert render(spec).endswith(b"}\n")
 
 
-def test_without_a_bus_address_the_hook_has_no_environment() -> None:
-    hook = build_spec([("a", (0,))], HOOK).content["devices"][0]["containerEdits"]["hooks"][0]
-    assert "env" not in hook
+def test_without_a_bus_address_the_hooks_have_no_environment() -> None:
+    hooks = build_spec([("a", (0,))], HOOK).content["devices"][0]["containerEdits"]["hooks"]
+    assert [h["hookName"] for h in hooks] == ["createRuntime", "poststop"]
+    assert all("env" not in hook for hook in hooks)
 
 
 def test_tenants_without_a_device_are_skipped_with_the_reason() -> None:
@@ -171,6 +183,70 @@ def test_any_input_is_a_pid_or_a_clear_refusal(state: bytes) -> None:
         assert "OCI state" in str(exc)
     else:
         assert 0 < pid <= 1 << 22
+
+
+def test_the_state_at_poststop_has_an_id_and_no_process() -> None:
+    # crun at poststop: the process is gone (pid 0), the id is what is left.
+    stopped = b'{"ociVersion":"1.0","id":"9964","pid":0,"bundle":"/b","status":"stopped"}'
+    assert container_state(stopped) == ContainerState("9964", None)
+    assert container_state(b'{"id":"c1","status":"stopped"}') == ContainerState("c1", None)
+    assert container_state(b'{"id":"c1","pid":305}') == ContainerState("c1", 305)
+    for bad in (b'{"pid": 305}', b'{"id": "", "pid": 305}', b'{"id": 7}',
+                b'{"id": "c1", "pid": -1}', b'{"id": "c1", "pid": "305"}'):
+        with pytest.raises(ValueError, match="OCI state"):
+            container_state(bad)
+
+
+# --- the container's cgroup: /proc/PID/cgroup ---
+
+HYBRID = "12:pids:/machine.slice/x\n1:name=systemd:/machine.slice/x\n0::/machine.slice/x\n"
+
+
+@pytest.mark.parametrize(("text", "path"), [
+    ("0::/libpod_parent/libpod-9964\n", "/libpod_parent/libpod-9964"),
+    (HYBRID, "/machine.slice/x"),
+    ("0::/a b/c:d\n", "/a b/c:d"),  # a path is any bytes but '/' and NUL per component
+])
+def test_the_cgroup_v2_line_is_the_containers_cgroup(text: str, path: str) -> None:
+    assert cgroup_v2_path(text) == path
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("", "no single"),
+    ("1:name=systemd:/x\n", "no single"),  # cgroup v1 only
+    ("0::/a\n0::/b\n", "no single"),
+    ("0::/\n", "root cgroup"),
+    ("0::/../../machine.slice/x\n", "namespace"),  # read from inside a cgroup namespace
+    ("0::/a//b\n", "namespace"),
+    ("0::relative\n", "namespace"),
+    ("0::/machine.slice/x (deleted)\n", "being removed"),
+])
+def test_a_cgroup_that_cannot_be_bound_is_refused(text: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        cgroup_v2_path(text)
+
+
+@given(st.text(max_size=100))
+def test_any_cgroup_text_is_a_path_below_the_root_or_a_refusal(text: str) -> None:
+    try:
+        path = cgroup_v2_path(text)
+    except ValueError:
+        return
+    assert f"0::{path}" in text.split("\n")
+    assert path.startswith("/") and path != "/" and not path.endswith("/")
+    assert not {".", ".."} & set(path.split("/"))
+
+
+def test_within_is_by_component() -> None:
+    assert within("/a/b", "/a/b") and within("/a/b/c", "/a/b") and within("/a", "/")
+    assert not within("/a/bc", "/a/b") and not within("/a", "/a/b")
+
+
+@pytest.mark.parametrize("cid", ["", ".x", "../x", "a/b", "a\0", "x" * 257, "a b"])
+def test_a_container_id_that_is_no_plain_name_has_no_record(cid: str) -> None:
+    with pytest.raises(ValueError, match="plain name"):
+        record_name(cid)
+    assert record_name("9964abcdef" * 6) == "9964abcdef" * 6
 
 
 def test_the_spec_and_the_hooks_input_are_pure() -> None:

@@ -88,6 +88,7 @@ def test_reads(service: ServiceThread) -> None:
         "Name": "alice", "MemoryLimit": "8GiB", "MemoryLimitBytes": {0: 8 * GIB, 1: 8 * GIB},
         "MemoryUsed": {0: 0, 1: 0}, "Contexts": 0, "Gpus": [0, 1], "Weight": 100, "Cap": 0,
         "Priority": "best-effort", "Uvm": "count", "Match": [{"uid": 1000}], "Pids": [],
+        "Cgroups": [],
         "Share": {}, "MeasuredShare": {},  # no scheduler behind this service
         "Limits": {"channel_groups": 256, "channels": 1024, "context_shares": 1024,
                    "va_spaces": 64, "buffers": 256},

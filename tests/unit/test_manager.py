@@ -23,9 +23,10 @@ from vgpud.admin.manager import (
     TenantBusy,
     TenantChanged,
     TenantsChanged,
+    cgroup2_mount,
 )
 from vgpud.core.ledger import Denied, Key, Ledger, Reservation, UnknownTenant
-from vgpud.core.tenants import Binding
+from vgpud.core.tenants import Binding, CgroupBinding, Opener, resolve
 from vgpud.store.config import load_config
 from vgpud.store.state import load_state
 
@@ -260,6 +261,128 @@ def test_a_binding_names_one_process(config_path: Path) -> None:
     table[42] = 900  # 42 exited; a new process got its pid
     m.bind(43, "shared")
     assert m.bindings == {43: Binding("shared", 600)}
+
+
+def cgroup_manager(config_path: Path, root: Path, boot: str = "boot-1") -> Manager:
+    config = load_config(config_path)
+    return Manager(config_path, config, load_state(config.daemon.state_path), Ledger(), (),
+                   process_start=fake_start, boot_id=boot, cgroup_root=root)
+
+
+def opener_in(path: str, cgroup_id: int) -> Opener:
+    return Opener(pid=9, tgid=9, uid=5, gid=5, cgroup_id=cgroup_id, cgroup_path=path, start=1)
+
+
+def tenant_of(manager: Manager, path: str, cgroup_id: int) -> str | None:
+    """What the quota policy resolves an opener in `path` to."""
+    return resolve(opener_in(path, cgroup_id), manager.tenants, manager.bindings,
+                   manager.default_tenant, manager.cgroup_bindings, manager.cgroup_id_of)
+
+
+def test_cgroup_bindings(config_path: Path, tmp_path: Path, recorder: Recorder) -> None:
+    """A bound cgroup's id is the daemon's own stat of it; the binding holds
+    for it and its subtree, is kept across restarts, not across reboots."""
+    root = tmp_path / "cgroup"
+    ctr = root / "machine.slice" / "libpod-c1.scope"
+    (ctr / "sub").mkdir(parents=True)
+    m = cgroup_manager(config_path, root)
+    m.observers.subscribe(recorder)
+    m.bind_cgroup("/machine.slice/libpod-c1.scope", "alice")
+    ino = ctr.stat().st_ino
+    assert m.cgroup_bindings == {"/machine.slice/libpod-c1.scope": CgroupBinding(
+        "alice", "/machine.slice/libpod-c1.scope", ino)}
+    assert m.cgroups("alice") == ("/machine.slice/libpod-c1.scope",)
+    assert recorder.events[-1] == ("tenant", "alice", frozenset({BINDINGS}))
+    assert tenant_of(m, "/machine.slice/libpod-c1.scope", ino) == "alice"
+    assert tenant_of(m, "/machine.slice/libpod-c1.scope/sub", (ctr / "sub").stat().st_ino) \
+        == "alice"
+    assert tenant_of(m, "/machine.slice", 1) == "shared"
+    assert cgroup_manager(config_path, root).cgroup_bindings == m.cgroup_bindings  # restart
+    assert cgroup_manager(config_path, root, "boot-2").cgroup_bindings == {}  # reboot
+    # Rebinding the path moves it, and tells both tenants.
+    m.bind_cgroup("/machine.slice/libpod-c1.scope", "bob.x-1")
+    assert m.cgroups("alice") == () and m.cgroups("bob.x-1") == (
+        "/machine.slice/libpod-c1.scope",)
+    assert recorder.events[-2:] == [("tenant", "alice", frozenset({BINDINGS})),
+                                    ("tenant", "bob.x-1", frozenset({BINDINGS}))]
+    m.unbind_cgroup("/machine.slice/libpod-c1.scope")
+    assert m.cgroup_bindings == {}
+    assert tenant_of(m, "/machine.slice/libpod-c1.scope", ino) == "shared"
+
+
+def test_a_removed_cgroup_is_not_bound_when_remade(config_path: Path, tmp_path: Path) -> None:
+    """The binding names the cgroup (its id), not the path: a new cgroup made
+    at the same path, and its subtree, are not bound; the next binding
+    drops the stale one."""
+    root = tmp_path / "cgroup"
+    (root / "old").mkdir(parents=True)
+    (root / "other").mkdir()
+    m = cgroup_manager(config_path, root)
+    m.bind_cgroup("/old", "alice")
+    (root / "old").rename(root / "kept")  # holds the old inode, so the new one differs
+    (root / "old" / "sub").mkdir(parents=True)
+    new = (root / "old").stat().st_ino
+    assert tenant_of(m, "/old", new) == "shared"
+    assert tenant_of(m, "/old/sub", (root / "old" / "sub").stat().st_ino) == "shared"
+    m.bind_cgroup("/other", "bob.x-1")
+    assert list(m.cgroup_bindings) == ["/other"]
+    assert load_state(m.state_path).cgroup_bindings.keys() == {"/other"}
+
+
+def test_cgroup_bindings_of_a_removed_tenant_stop_applying(config_path: Path,
+                                                           tmp_path: Path) -> None:
+    root = tmp_path / "cgroup"
+    (root / "c").mkdir(parents=True)
+    m = cgroup_manager(config_path, root)
+    m.create_tenant("carol", {})
+    m.bind_cgroup("/c", "carol")
+    assert tenant_of(m, "/c", (root / "c").stat().st_ino) == "carol"
+    m.delete_tenant("carol")
+    assert m.cgroup_bindings == {}
+    assert tenant_of(m, "/c", (root / "c").stat().st_ino) == "shared"
+    m.create_tenant("carol", {})  # a new tenant of the same name is not bound
+    assert m.cgroup_bindings == {}
+
+
+@pytest.mark.parametrize(("path", "problem"), [
+    ("/", "invalid cgroup path"),
+    ("", "invalid cgroup path"),
+    ("machine.slice", "invalid cgroup path"),
+    ("/machine.slice/", "invalid cgroup path"),
+    ("//machine.slice", "invalid cgroup path"),
+    ("/a/../machine.slice", "invalid cgroup path"),
+    ("/a/./b", "invalid cgroup path"),
+    ("/a\0b", "invalid cgroup path"),
+    ("/nosuch", "no cgroup /nosuch"),
+    ("/file", "no cgroup /file"),  # not a directory
+])
+def test_bad_cgroup_paths_are_refused(config_path: Path, tmp_path: Path, path: str,
+                                      problem: str) -> None:
+    root = tmp_path / "cgroup"
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "machine.slice").mkdir()
+    (root / "file").write_text("")
+    m = cgroup_manager(config_path, root)
+    before = snapshot(m)
+    with pytest.raises(InvalidArgument, match=problem):
+        m.bind_cgroup(path, "alice")
+    with pytest.raises(NoSuchTenant):
+        m.bind_cgroup("/machine.slice", "carol")
+    with pytest.raises(InvalidArgument, match="not bound"):
+        m.unbind_cgroup("/machine.slice")
+    assert snapshot(m) == before and m.cgroup_bindings == {}
+
+
+def test_the_cgroup2_mount_is_found_on_a_hybrid_host(tmp_path: Path) -> None:
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "35 24 0:30 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n"
+        "36 35 0:31 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+        "37 35 0:32 / /sys/fs/cgroup/systemd rw - cgroup cgroup rw,name=systemd\n")
+    assert cgroup2_mount(mountinfo) == Path("/sys/fs/cgroup/unified")
+    mountinfo.write_text("30 1 0:26 / /sys/fs/cgroup rw shared:4 - cgroup2 cgroup2 rw\n")
+    assert cgroup2_mount(mountinfo) == Path("/sys/fs/cgroup")
+    assert cgroup2_mount(tmp_path / "nosuch") == Path("/sys/fs/cgroup")
 
 
 def test_reload_applies_the_new_config(manager: Manager, recorder: Recorder) -> None:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from vgpud.core.tenants import Binding, MatchRule, MemoryLimit, Priority, Tenant
+from vgpud.core.tenants import Binding, CgroupBinding, MatchRule, MemoryLimit, Priority, Tenant
 from vgpud.store.state import (
+    CgroupPathBinding,
     ChangeError,
     PidBinding,
     RuntimeState,
@@ -125,6 +126,36 @@ def test_bindings() -> None:
         state.unbind(43)
 
 
+def cb(tenant: str, cgroup_id: int = 70, boot: str = "boot-1") -> CgroupPathBinding:
+    return CgroupPathBinding(tenant=tenant, cgroup_id=cgroup_id, boot_id=boot)
+
+
+def test_cgroup_bindings() -> None:
+    state = (RuntimeState().create(CONFIG, Tenant(name="d"))
+             .bind_cgroup(CONFIG, "/m.slice/x", cb("d"))
+             .bind_cgroup(CONFIG, "/m.slice/y", cb("a", 71)))
+    assert state.effective_cgroup_bindings(CONFIG, "boot-1") == (
+        CgroupBinding("d", "/m.slice/x", 70), CgroupBinding("a", "/m.slice/y", 71))
+    # the same path again: replaced (a new cgroup there, or another tenant)
+    state = state.bind_cgroup(CONFIG, "/m.slice/x", cb("c", 72))
+    assert state.cgroup_bindings["/m.slice/x"] == cb("c", 72)
+    with pytest.raises(ChangeError, match="no tenant"):
+        state.bind_cgroup(CONFIG, "/m.slice/z", cb("zz"))
+    for bad in ("", "/", "m.slice", "/m.slice/", "/a//b", "/a/../b", "/a/./b"):
+        with pytest.raises(ChangeError, match="normalized"):
+            state.bind_cgroup(CONFIG, bad, cb("a"))
+    state = state.bind_cgroup(CONFIG, "/m.slice/x", cb("d")).delete(CONFIG, "d")
+    assert state.cgroup_bindings == {"/m.slice/y": cb("a", 71)}  # deleted with its tenant
+    assert state.effective_cgroup_bindings(CONFIG[1:], "boot-1") == ()  # inert
+    assert state.effective_cgroup_bindings(CONFIG, "boot-2") == ()  # ids of another boot
+    assert state.without_cgroups({"/m.slice/q"}) is state
+    assert state.without_cgroups({"/m.slice/y"}).cgroup_bindings == {}
+    state = state.unbind_cgroup("/m.slice/y")
+    assert state.cgroup_bindings == {}
+    with pytest.raises(ChangeError, match="not bound"):
+        state.unbind_cgroup("/m.slice/y")
+
+
 def test_entries_for_tenants_gone_from_config_are_ignored() -> None:
     state = RuntimeState().change(CONFIG, "a", weight=3).delete(CONFIG, "b")
     assert names(state, (Tenant(name="c"),)) == ["c"]
@@ -151,6 +182,7 @@ def full_state() -> RuntimeState:
         .create(CONFIG, Tenant(name="d", memory="512MiB", gpus=[1], pids=[9]))
         .delete(CONFIG, "b")
         .bind(CONFIG, 1234, pb("d", 55))
+        .bind_cgroup(CONFIG, "/machine.slice/libpod-c1.scope", cb("d", 4026))
     )
 
 
@@ -163,6 +195,11 @@ def test_round_trip(tmp_path: Path) -> None:
     assert loaded.tenants(CONFIG) == state.tenants(CONFIG)
     assert json.loads(path.read_text())["bindings"] == {
         "1234": {"tenant": "d", "start": 55, "boot_id": "boot-1"}}
+    assert json.loads(path.read_text())["cgroup_bindings"] == {
+        "/machine.slice/libpod-c1.scope": {"tenant": "d", "cgroup_id": 4026,
+                                           "boot_id": "boot-1"}}
+    assert loaded.effective_cgroup_bindings(CONFIG, "boot-1") == (
+        CgroupBinding("d", "/machine.slice/libpod-c1.scope", 4026),)
     assert os.listdir(tmp_path) == ["state.json"]
 
 
@@ -179,6 +216,10 @@ def test_missing_file_is_empty_state(tmp_path: Path) -> None:
         ('{"version": 3}', "version"),
         ('{"bindings": {"x": {"tenant": "a", "start": 1, "boot_id": "b"}}}', "bindings"),
         ('{"bindings": {"1": {"tenant": "a", "start": -1, "boot_id": "b"}}}', "bindings"),
+        ('{"cgroup_bindings": {"/x/../y": {"tenant": "a", "cgroup_id": 1, "boot_id": "b"}}}',
+         "cgroup_bindings"),
+        ('{"cgroup_bindings": {"/x": {"tenant": "a", "cgroup_id": 0, "boot_id": "b"}}}',
+         "cgroup_bindings"),
         ('{"created": [{"name": "A"}]}', "created[0].name"),
         ('{"surprise": 1}', "surprise"),
         ('{"created": [{"name": "a"}], "deleted": ["a"]}', "corrupt"),

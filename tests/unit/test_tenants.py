@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from vgpud.core.tenants import (
     U64_MAX,
     Binding,
+    CgroupBinding,
     MatchRule,
     MemoryLimit,
     Opener,
@@ -301,3 +302,89 @@ def test_default_then_refuse() -> None:
     assert resolve(o, TENANTS, {}, "users") == "users"
     assert resolve(o, TENANTS, {}, None) is None
     assert resolve(o, (), {}, None) is None
+
+
+# --- cgroup bindings ---
+
+POD = CgroupBinding("pods", "/machine.slice/pod-a", 70)
+CTR = CgroupBinding("bob", "/machine.slice/pod-a/ctr-1", 71)
+
+
+def in_cgroup(path: str, cgroup_id: int, tgid: int = 100, uid: int = 1000) -> Opener:
+    return Opener(pid=tgid, tgid=tgid, uid=uid, gid=uid, cgroup_id=cgroup_id,
+                  cgroup_path=path, start=5)
+
+
+def by_path(*bindings: CgroupBinding) -> dict[str, CgroupBinding]:
+    return {b.path: b for b in bindings}
+
+
+def live(*bindings: CgroupBinding) -> dict[str, int]:
+    """A cgroup tree where the bound cgroups exist: path -> id."""
+    return {b.path: b.cgroup_id for b in bindings}
+
+
+def test_a_cgroup_binding_claims_its_cgroup_and_its_descendants() -> None:
+    tree = live(POD)
+    for o in (in_cgroup("/machine.slice/pod-a", 70), in_cgroup("/machine.slice/pod-a/x", 99),
+              in_cgroup("/machine.slice/pod-a/x/y/z", 98, uid=1001)):
+        assert resolve(o, TENANTS, {}, "users", by_path(POD), tree.get) == "pods"
+    # By component: a sibling whose name starts the same is not below it.
+    assert resolve(in_cgroup("/machine.slice/pod-ab", 72, uid=1001), TENANTS, {}, None,
+                   by_path(POD), tree.get) == "bob"
+    assert resolve(in_cgroup("/machine.slice", 2), TENANTS, {}, None, by_path(POD),
+                   tree.get) is None
+
+
+def test_a_cgroup_binding_of_a_removed_cgroup_holds_for_nothing_at_its_path() -> None:
+    # The bound cgroup (id 70) was removed; a new one (id 80) was made at its path.
+    tree = {"/machine.slice/pod-a": 80}
+    assert resolve(in_cgroup("/machine.slice/pod-a", 80), TENANTS, {}, "users", by_path(POD),
+                   tree.get) == "users"
+    assert resolve(in_cgroup("/machine.slice/pod-a/x", 81), TENANTS, {}, "users", by_path(POD),
+                   tree.get) == "users"
+    assert resolve(in_cgroup("/machine.slice/pod-a/x", 81), TENANTS, {}, "users", by_path(POD),
+                   {}.get) == "users"  # nothing there now
+
+
+def test_precedence_pid_then_cgroup_then_rules_then_default() -> None:
+    o = in_cgroup("/machine.slice/pod-a/ctr-1/sub", 90, tgid=555, uid=1001)
+    tree = live(POD, CTR)
+    assert resolve(o, TENANTS, {555: Binding("both", 5)}, "users", by_path(POD, CTR),
+                   tree.get) == "both"
+    assert resolve(o, TENANTS, {}, "users", by_path(POD, CTR), tree.get) == "bob"  # the deepest
+    assert resolve(o, TENANTS, {}, "users", by_path(POD), tree.get) == "pods"  # over rule "bob"
+    assert resolve(o, TENANTS, {}, "users", {}, tree.get) == "bob"  # uid 1001's rule
+    # A dead inner binding falls back to the live outer one.
+    assert resolve(o, TENANTS, {}, "users", by_path(POD, CTR), live(POD).get) == "pods"
+
+
+_COMPONENT = st.sampled_from(["a", "b", "ab", "a.b", "c"])
+_PATH = st.lists(_COMPONENT, min_size=1, max_size=4).map(lambda parts: "/" + "/".join(parts))
+
+
+@given(bound=st.lists(st.tuples(_PATH, st.booleans()), max_size=4, unique_by=lambda b: b[0]),
+       path=_PATH, pid_bound=st.booleans(), uid=st.sampled_from([1000, 1001]))
+def test_cgroup_resolution_against_a_model(bound: list[tuple[str, bool]], path: str,
+                                           pid_bound: bool, uid: int) -> None:
+    """A model of the rules: the pid binding wins; else the deepest live bound
+    cgroup equal to the opener's or a component-wise ancestor of it; else
+    the rules, else the default. Ids: a cgroup's id is its path's hash, a
+    binding is live when it was made of that id."""
+    ids = {p: abs(hash(p)) % 1000 + 1 for p, _ in bound} | {path: abs(hash(path)) % 1000 + 1}
+    bindings = [CgroupBinding(f"t{i}", p, ids[p] if alive else ids[p] + 5000)
+                for i, (p, alive) in enumerate(bound)]
+    o = in_cgroup(path, ids[path], tgid=555, uid=uid)
+    pids = {555: Binding("both", 5)} if pid_bound else {}
+    got = resolve(o, TENANTS, pids, "users", by_path(*bindings), ids.get)
+
+    def above(b: CgroupBinding) -> bool:
+        return path.split("/")[: b.path.count("/") + 1] == b.path.split("/")
+
+    claims = [b for b in bindings if above(b) and ids[b.path] == b.cgroup_id]
+    if pid_bound:
+        assert got == "both"
+    elif claims:
+        assert got == max(claims, key=lambda b: b.path.count("/")).tenant
+    else:
+        assert got == ("bob" if uid == 1001 else "users")

@@ -1,6 +1,7 @@
 """CDI end to end with a real consumer: Debian's podman runs containers with
 ``--device vgpud.io/tenant=NAME`` from the spec the daemon keeps, and an
-allocation through the container's /dev/nvidiactl is decided as that tenant.
+allocation through the container's /dev/nvidiactl is decided as that tenant,
+a forked process's too (the hook binds the container's cgroup, not its pid).
 
 Judged by the daemon's per-tenant usage and by nvsim's own accounting (its
 free video memory, read straight from /dev/nvsim). The image is one static
@@ -156,12 +157,13 @@ class Holder:
     """A detached container of cdi_alloc that holds its memory until removed."""
 
     def __init__(self, podman: Podman, name: str, device: str, size_mib: int,
-                 count: int) -> None:
+                 count: int, *modes: str) -> None:
         self.podman, self.name = podman, name
         # Its log (k8s-file) read straight from the file: no podman per poll.
         self.log = podman.top / f"{name}.log"
         podman.run("--detach", "--name", name, "--log-opt", f"path={self.log}",
-                   "--device", device, IMAGE, "/cdi_alloc", str(size_mib), str(count), "hold")
+                   "--device", device, IMAGE, "/cdi_alloc", str(size_mib), str(count), *modes,
+                   "hold")
         wait_for(lambda: "holding" in self.logs() or GAVE_UP.search(self.logs()) is not None,
                  timeout=600, what=f"container {name} to allocate")
 
@@ -170,6 +172,11 @@ class Holder:
 
     def pid(self) -> int:
         return int(self.podman("inspect", "--format", "{{.State.Pid}}", self.name).stdout)
+
+    def cgroup(self) -> str:
+        """The container's cgroup v2 path, as the host sees it."""
+        text = Path(f"/proc/{self.pid()}/cgroup").read_text()
+        return next(line[3:] for line in text.splitlines() if line.startswith("0::"))
 
     def remove(self) -> None:
         self.podman("rm", "--force", "--time", "5", self.name, check=False)
@@ -213,8 +220,9 @@ def test_a_container_allocates_as_its_tenant(cdi_daemon: Daemon, podman: Podman)
     b = None
     try:
         assert alloc_lines(a.logs()) == [(0, 0)], a.logs()
-        # The hook bound the container's process, as the runtime saw it, to a.
-        assert a.pid() in tenants()["a"]["pids"]
+        # The hook bound the container's cgroup, as the host sees it, to a.
+        assert tenants()["a"]["cgroups"] == [a.cgroup()]
+        assert tenants()["a"]["pids"] == []
         assert used() == (128 * MiB, 0)
         assert gpu0_free_kib() == free - (128 * MiB >> 10)
 
@@ -234,6 +242,30 @@ def test_a_container_allocates_as_its_tenant(cdi_daemon: Daemon, podman: Podman)
         for holder in (a, b):
             if holder is not None:
                 holder.remove()
+    wait_for(lambda: used() == (0, 0), timeout=120, what="the charges to go")
+    assert gpu0_free_kib() == free
+    # The poststop hook unbound both containers' cgroups.
+    wait_for(lambda: tenants()["a"]["cgroups"] == tenants()["b"]["cgroups"] == [],
+             timeout=120, what="the poststop hooks to unbind")
+
+
+@pytest.mark.timeout(1800)
+def test_a_forked_process_of_the_container_is_its_tenants(cdi_daemon: Daemon,
+                                                          podman: Podman) -> None:
+    """The container's main process forks; only the child opens the node and
+    allocates: it is a's (a bound pid would not claim it), up to a's limit."""
+    free = gpu0_free_kib()
+    child = Holder(podman, "cdi-fork", f"{KIND}=a", 128, 3, "fork")
+    try:
+        pid = re.search(r"child pid (\d+)", child.logs())
+        assert pid is not None and int(pid.group(1)) != 1, child.logs()  # not the main pid
+        # 256 MiB granted, the third block over a's limit: refused, as a's.
+        assert alloc_lines(child.logs()) == [(0, 0), (0, 0), (0, NV_ERR_NO_MEMORY)], \
+            child.logs()
+        assert used() == (256 * MiB, 0)
+        assert gpu0_free_kib() == free - (256 * MiB >> 10)
+    finally:
+        child.remove()
     wait_for(lambda: used() == (0, 0), timeout=120, what="the charges to go")
     assert gpu0_free_kib() == free
 

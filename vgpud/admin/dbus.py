@@ -86,6 +86,7 @@ GpuList = Annotated[list[list[Any]], DBusSignature("a(ustt)")]
 Options = Annotated[dict[str, Variant], DBusSignature("a{sv}")]
 Rules = Annotated[list[dict[str, Variant]], DBusSignature("aa{sv}")]
 Indexes = Annotated[list[int], DBusSignature("au")]
+Paths = Annotated[list[str], DBusSignature("as")]
 ObjectCounts = Annotated[dict[str, int], DBusSignature("a{su}")]
 TenantRef = Annotated[list[str], DBusSignature("so")]
 QuotaBody = Annotated[list[Any], DBusSignature("suttt")]
@@ -117,7 +118,7 @@ _PROPERTIES = {
     "limits": ("Limits",),
     "match": ("Match",),
     "pids": ("Pids",),
-    BINDINGS: ("Pids",),
+    BINDINGS: ("Pids", "Cgroups"),
     USAGE: ("MemoryUsed",),
     CONTEXTS: ("Contexts",),
     SHARES: ("Share", "MeasuredShare"),
@@ -260,6 +261,21 @@ class ManagerInterface(ServiceInterface):
             self._manager.unbind(pid)
 
     @dbus_method()
+    async def BindCgroup(self, path: DBusStr, name: DBusStr) -> NoReply:
+        """path: a cgroup v2 path from the cgroup2 root, as /proc/PID/cgroup's
+        "0::" line has it on the host; its processes and those of the cgroups
+        below it, forked ones too, belong to the tenant (while that cgroup exists)."""
+        await self._service.authorize()
+        with _dbus_errors():
+            self._manager.bind_cgroup(path, name)
+
+    @dbus_method()
+    async def UnbindCgroup(self, path: DBusStr) -> NoReply:
+        await self._service.authorize()
+        with _dbus_errors():
+            self._manager.unbind_cgroup(path)
+
+    @dbus_method()
     async def Reload(self) -> NoReply:
         await self._service.authorize()
         with _dbus_errors():
@@ -390,6 +406,11 @@ class TenantInterface(ServiceInterface):
     def Pids(self) -> Indexes:
         """Bound process ids: the config's pids and BindProcess bindings."""
         return list(self._manager.pids(self._name))
+
+    @dbus_property(access=PropertyAccess.READ)
+    def Cgroups(self) -> Paths:
+        """Bound cgroup paths (BindCgroup), their subtrees included."""
+        return list(self._manager.cgroups(self._name))
 
     def emit(self, properties: set[str]) -> None:
         self.emit_properties_changed({p: getattr(self, p) for p in sorted(properties)})

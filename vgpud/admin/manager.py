@@ -14,19 +14,28 @@ can count them) and tells it when usage moved or an allocation was denied.
 from __future__ import annotations
 
 import logging
+import os
+import stat
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 from pydantic import ValidationError
 
 from vgpud.core.ledger import Denied, Freed, Ledger, UnknownTenant, Usage
 from vgpud.core.observers import Topic
-from vgpud.core.tenants import Binding, Tenant, validate_name
+from vgpud.core.tenants import Binding, CgroupBinding, Tenant, validate_name
 from vgpud.host import processes
 from vgpud.store.config import Config, ConfigError, describe, load_config
-from vgpud.store.state import CHANGEABLE, PidBinding, RuntimeState, save_state
+from vgpud.store.state import (
+    CHANGEABLE,
+    CgroupPathBinding,
+    PidBinding,
+    RuntimeState,
+    save_state,
+)
 
 __all__ = [
     "AdminError",
@@ -41,6 +50,7 @@ __all__ = [
     "TenantBusy",
     "TenantChanged",
     "TenantsChanged",
+    "cgroup2_mount",
 ]
 
 # Fields create_tenant accepts (pids are bound with bind() instead), and those
@@ -54,6 +64,26 @@ CONTEXTS = "contexts"
 BINDINGS = "bindings"
 
 log = logging.getLogger(__name__)
+
+DEFAULT_CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def cgroup2_mount(mountinfo: Path = Path("/proc/self/mountinfo")) -> Path:
+    """Where the host's cgroup2 hierarchy is mounted (its root, "/", mounted):
+    /sys/fs/cgroup, or /sys/fs/cgroup/unified on a hybrid host. The paths the
+    module reports are from that root."""
+    try:
+        lines = mountinfo.read_text().splitlines()
+    except OSError:
+        return DEFAULT_CGROUP_ROOT
+    for line in lines:
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        fstype = line.split(" - ", 1)[1].split()[0]
+        if fstype == "cgroup2" and fields[3] == "/":
+            return Path(fields[4])
+    return DEFAULT_CGROUP_ROOT
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -125,12 +155,14 @@ class Manager:
         *,
         process_start: Callable[[int], int | None] = processes.start_ticks,
         boot_id: str | None = None,
+        cgroup_root: Path | None = None,
     ) -> None:
         """`config` and `state` as loaded at startup; `gpus` the inventory:
         (index, name, total bytes). The state file stays where the startup
         config put it (state_path changes need a restart). `process_start`
         gives a pid's start time (None: no such process), so that a binding
-        names one process; `boot_id` is this boot's (host.processes)."""
+        names one process; `boot_id` is this boot's (host.processes);
+        `cgroup_root` where the cgroup2 hierarchy is mounted (cgroup2_mount())."""
         self.config_path = Path(config_path)
         self.state_path = config.daemon.state_path
         self.gpus = tuple(sorted(Gpu(*gpu) for gpu in gpus))
@@ -141,6 +173,8 @@ class Manager:
         self._tenants = state.tenants(config.tenants)
         self._process_start = process_start
         self._boot_id = processes.boot_id() if boot_id is None else boot_id
+        self._cgroup_root = cgroup2_mount() if cgroup_root is None else cgroup_root
+        self._cgroup_bindings = self._effective_cgroups()
         self._config_bindings = self._bind_config(config)
         self._sync_ledger(())
 
@@ -162,6 +196,23 @@ class Manager:
         names = {t.name for t in self._tenants}
         config = {p: b for p, b in self._config_bindings.items() if b.tenant in names}
         return {**config, **self._state.effective_bindings(self._config.tenants, self._boot_id)}
+
+    @property
+    def cgroup_bindings(self) -> Mapping[str, CgroupBinding]:
+        """Bound cgroups (BindCgroup) of this boot, to tenants that exist, by
+        path (kept from one change to the next: resolve() reads it per open)."""
+        return self._cgroup_bindings
+
+    def cgroup_id_of(self, path: str) -> int | None:
+        """The id (directory inode) of the cgroup now at `path` (from the
+        cgroup2 root), None if there is none: what resolve() asks of a bound
+        path that an opener is below. One stat of cgroupfs (kernfs, in
+        memory), only for an opener below a bound cgroup."""
+        try:
+            st = os.lstat(self._cgroup_root / path.lstrip("/"))
+        except (OSError, ValueError):
+            return None
+        return st.st_ino if stat.S_ISDIR(st.st_mode) else None
 
     @property
     def default_tenant(self) -> str | None:
@@ -194,6 +245,11 @@ class Manager:
         tenant = self.tenant(name)
         bound = (pid for pid, b in self.bindings.items() if b.tenant == name)
         return tuple(sorted({*tenant.pids, *bound}))
+
+    def cgroups(self, name: str) -> tuple[str, ...]:
+        """Cgroup paths bound to the tenant (BindCgroup)."""
+        self.tenant(name)
+        return tuple(sorted(p for p, b in self._cgroup_bindings.items() if b.tenant == name))
 
     # --- admin changes ---
 
@@ -258,6 +314,30 @@ class Manager:
             raise InvalidArgument(f"pid {pid} is not bound")
         self._commit(self._state.unbind(pid))
 
+    def bind_cgroup(self, path: str, name: str) -> None:
+        """The processes of the cgroup at `path` (from the cgroup2 root, as
+        /proc/PID/cgroup's "0::" line gives it on the host) and of every
+        cgroup below it belong to `name` for the nodes they open from now on,
+        forked ones too; while that cgroup exists (a new cgroup made later at
+        the same path is not bound). Replaces a binding of the same path.
+        Contexts already open keep their tenant. Bindings of cgroups that are
+        gone are dropped on the way."""
+        self.tenant(name)
+        _check_cgroup_path(path)
+        cgroup_id = self.cgroup_id_of(path)
+        if cgroup_id is None:
+            raise InvalidArgument(f"no cgroup {path} under {self._cgroup_root}")
+        gone = {p for p, b in self._state.cgroup_bindings.items()
+                if b.boot_id != self._boot_id or self.cgroup_id_of(p) != b.cgroup_id}
+        binding = CgroupPathBinding(tenant=name, cgroup_id=cgroup_id, boot_id=self._boot_id)
+        self._commit(self._state.without_cgroups(gone - {path})
+                     .bind_cgroup(self._config.tenants, path, binding))
+
+    def unbind_cgroup(self, path: str) -> None:
+        if path not in self._state.cgroup_bindings:
+            raise InvalidArgument(f"cgroup {path!r} is not bound")
+        self._commit(self._state.unbind_cgroup(path))
+
     def reload(self) -> None:
         """Re-read the config file. On any error the last good config stays."""
         try:
@@ -304,9 +384,11 @@ class Manager:
             except OSError as e:
                 raise AdminError(f"cannot save {self.state_path}: {e}") from e
         old_bindings, old_settings = self.bindings, self._config.daemon
+        old_cgroups = set(self._cgroup_bindings.values())
         if config is not self._config:
             self._config_bindings = self._bind_config(config)
         self._config, self._state, self._tenants = config, state, tenants
+        self._cgroup_bindings = self._effective_cgroups()
         self._sync_ledger(old.keys() - new.keys())
         added = tuple(n for n in new if n not in old)
         removed = tuple(n for n in old if n not in new)
@@ -317,6 +399,7 @@ class Manager:
                  if old_bindings.get(p) != bindings.get(p)}
         rebound = {b.tenant for p in moved for b in (old_bindings.get(p), bindings.get(p))
                    if b is not None}
+        rebound |= {b.tenant for b in old_cgroups ^ set(self._cgroup_bindings.values())}
         for name in (n for n in new if n in old):
             fields = _diff(old[name], new[name])
             if name in rebound:
@@ -324,6 +407,10 @@ class Manager:
             self._notify(name, fields)
         if config.daemon != old_settings:
             self.observers.notify(SettingsChanged())
+
+    def _effective_cgroups(self) -> Mapping[str, CgroupBinding]:
+        bindings = self._state.effective_cgroup_bindings(self._config.tenants, self._boot_id)
+        return MappingProxyType({b.path: b for b in bindings})
 
     def _bind_config(self, config: Config) -> dict[int, Binding]:
         """The config's pids, bound to the processes running now."""
@@ -365,6 +452,16 @@ def _check_name(name: str) -> None:
         validate_name(name)
     except ValueError as e:
         raise InvalidArgument(str(e)) from e
+
+
+def _check_cgroup_path(path: str) -> None:
+    """An absolute, normalized path below the cgroup2 root."""
+    if (not isinstance(path, str) or not path.startswith("/") or path == "/"
+            or "\0" in path or os.path.normpath(path) != path or path.startswith("//")
+            or any(part in (".", "..") for part in path.split("/"))):
+        raise InvalidArgument(
+            f"invalid cgroup path {path!r}: an absolute, normalized path below the "
+            "cgroup2 root, as /proc/PID/cgroup's 0:: line gives it (not / itself)")
 
 
 def _invalid(error: ValidationError) -> InvalidArgument:

@@ -2,10 +2,12 @@
 
 One device per tenant, named after it, of kind ``vgpud.io/tenant``: the
 tenant's emulated nodes (nvidiactl, nvidia-uvm and nvidiaN of each GPU the
-tenant may use) at the container paths NVIDIA's own nodes have, and a
-createRuntime hook, ``vgpuctl cdi bind TENANT``, that the runtime runs as
-itself with the container's state on stdin: it binds the container's process
-to the tenant before that process runs anything (docs/architecture.md, CDI).
+tenant may use) at the container paths NVIDIA's own nodes have, and two
+hooks that the runtime runs as itself with the container's state on stdin: a
+createRuntime hook, ``vgpuctl cdi bind TENANT``, that binds the container's
+cgroup (every process in it, forked ones too) to the tenant before the
+container's process runs anything, and a poststop hook, ``vgpuctl cdi
+unbind``, that removes that binding (docs/architecture.md, CDI).
 
 cdiVersion 0.5.0: the first with ``hostPath`` (the container path differs
 from the host's), and the newest that Debian 12's podman 4.3.1 accepts (it
@@ -93,16 +95,17 @@ def _node(name: str) -> dict[str, str]:
 
 def _device(tenant: str, gpus: Sequence[int], hook: Hook) -> dict[str, Any]:
     nodes = ["nvidiactl", "nvidia-uvm", *(f"nvidia{i}" for i in gpus)]
-    bind: dict[str, Any] = {
-        "hookName": "createRuntime",
-        "path": hook.path,
-        "args": ["vgpuctl", "cdi", "bind", tenant],
-    }
+    hooks: list[dict[str, Any]] = [
+        {"hookName": "createRuntime", "path": hook.path,
+         "args": ["vgpuctl", "cdi", "bind", tenant]},
+        {"hookName": "poststop", "path": hook.path, "args": ["vgpuctl", "cdi", "unbind"]},
+    ]
     if hook.env:
-        bind["env"] = list(hook.env)
+        for entry in hooks:
+            entry["env"] = list(hook.env)
     return {
         "name": device_name(tenant),
-        "containerEdits": {"deviceNodes": [_node(n) for n in nodes], "hooks": [bind]},
+        "containerEdits": {"deviceNodes": [_node(n) for n in nodes], "hooks": hooks},
     }
 
 

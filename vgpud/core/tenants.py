@@ -7,11 +7,12 @@ current tenant set, and answers a tenant name (or None: refuse the open).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
 from fractions import Fraction
+from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -300,22 +301,82 @@ class Binding:
         return opener.start is not None and opener.start == self.start
 
 
+# The id of the cgroup now at a path (None: none there), for a binding that
+# claims a descendant: the opener carries only its own cgroup's id.
+CgroupIdOf = Callable[[str], int | None]
+
+
+def _no_cgroup(path: str) -> int | None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupBinding:
+    """A cgroup v2 subtree bound to a tenant: every process in the cgroup at
+    `path` (as the host sees it, from the cgroup2 root: "/machine.slice/x")
+    or in a cgroup below it, whenever it forks or moves there.
+
+    `cgroup_id` is the inode of the cgroup's directory (the kernel's cgroup
+    id), so that a binding of a cgroup that was removed does not hold for a
+    new cgroup created later at the same path, nor for the new one's
+    descendants.
+    """
+
+    tenant: str
+    path: str
+    cgroup_id: int
+
+    def holds(self, opener: Opener, cgroup_id_of: CgroupIdOf = _no_cgroup) -> bool:
+        """The opener's cgroup is the bound one (the same path and id) or
+        below it (the cgroup now at the bound path, `cgroup_id_of`, is the
+        bound one)."""
+        if opener.cgroup_path == self.path:
+            return opener.cgroup_id == self.cgroup_id
+        return (opener.cgroup_path.startswith(self.path.rstrip("/") + "/")
+                and cgroup_id_of(self.path) == self.cgroup_id)
+
+
+NO_CGROUP_BINDINGS: Mapping[str, CgroupBinding] = MappingProxyType({})
+
+
+def cgroup_binding(opener: Opener, bindings: Mapping[str, CgroupBinding],
+                   cgroup_id_of: CgroupIdOf = _no_cgroup) -> CgroupBinding | None:
+    """The binding (of `bindings`, by path) that claims the opener: that of
+    the deepest bound path among the opener's cgroup and its ancestors that
+    holds (a container's cgroup bound inside a bound pod's claims its own).
+    One lookup per path component, however many bindings there are."""
+    path = opener.cgroup_path
+    while path.startswith("/") and path != "/":
+        binding = bindings.get(path)
+        if binding is not None and binding.holds(opener, cgroup_id_of):
+            return binding
+        path = path.rpartition("/")[0]
+    return None
+
+
 def resolve(
     opener: Opener,
     tenants: Sequence[Tenant],
     bindings: Mapping[int, Binding],
     default: str | None,
+    cgroups: Mapping[str, CgroupBinding] = NO_CGROUP_BINDINGS,
+    cgroup_id_of: CgroupIdOf = _no_cgroup,
 ) -> str | None:
     """The tenant an opener belongs to, or None: refuse the open (EACCES).
 
     Precedence: a binding of the opener's process (its tgid, with the same
-    start time), then the first matching rule in tenant order, then
-    `default`. Inputs are trusted to be consistent (bindings and default name
-    tenants that exist); the manager ensures it.
+    start time), then a binding of its cgroup or of an ancestor cgroup
+    (`cgroups`, by bound path; the deepest; `cgroup_id_of` tells whether an
+    ancestor is still the bound cgroup), then the first matching rule in
+    tenant order, then `default`.
+    Inputs are trusted to be consistent (bindings and default name tenants
+    that exist); the manager ensures it.
     """
     binding = bindings.get(opener.tgid)
     if binding is not None and binding.holds(opener):
         return binding.tenant
+    if (by_cgroup := cgroup_binding(opener, cgroups, cgroup_id_of)) is not None:
+        return by_cgroup.tenant
     for tenant in tenants:
         if any(rule.matches(opener) for rule in tenant.match):
             return tenant.name

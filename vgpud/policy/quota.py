@@ -449,7 +449,7 @@ class QuotaPolicy:
         m = self.manager
         return resolve(Opener(pid, tgid, uid, gid, cgroup_id, path, start), m.tenants,
                        m.bindings,
-                       m.default_tenant)
+                       m.default_tenant, m.cgroup_bindings, m.cgroup_id_of)
 
     def _start_context(self, ctx: int, name: str) -> None:
         self._contexts[ctx] = name

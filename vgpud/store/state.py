@@ -14,7 +14,10 @@ Merge rule (state over config, by tenant name):
   boot it ran in): a binding from another boot, or to a tenant that no
   longer exists, is ignored. Runtime bindings take precedence over config
   `pids`. Bindings written by version 1 had no start time; they are dropped
-  on load (a warning says so) and must be made again.
+  on load (a warning says so) and must be made again;
+- cgroup bindings, by cgroup path, likewise name the cgroup (its id: the
+  inode of its directory) and the boot: cgroup ids do not survive a reboot,
+  so a binding from another boot is ignored.
 Entries that name tenants no longer in the config are ignored, not errors.
 
 Writes are atomic: a crash at any point leaves either the old or the new file.
@@ -32,6 +35,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -40,7 +44,7 @@ from pydantic import (
     model_validator,
 )
 
-from vgpud.core.tenants import Binding, Tenant, TenantName
+from vgpud.core.tenants import Binding, CgroupBinding, Tenant, TenantName
 from vgpud.store.config import DEFAULT_STATE_PATH, describe
 
 CHANGEABLE = frozenset({"memory", "weight", "cap", "priority", "limits"})
@@ -79,6 +83,28 @@ class PidBinding(BaseModel):
     boot_id: Annotated[str, Field(min_length=1)]
 
 
+class CgroupPathBinding(BaseModel):
+    """A runtime binding of a cgroup (keyed by its path): the tenant, and the
+    cgroup as this boot knows it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tenant: TenantName
+    cgroup_id: Annotated[int, Field(strict=True, ge=1)]  # the directory's inode
+    boot_id: Annotated[str, Field(min_length=1)]
+
+
+def _cgroup_path(path: str) -> str:
+    """A bound path: absolute and normalized, not the root (manager checks too)."""
+    if (not path.startswith("/") or path == "/" or path.endswith("/") or "//" in path
+            or any(part in (".", "..") for part in path.split("/"))):
+        raise ValueError(f"{path!r} is not a normalized absolute cgroup path below the root")
+    return path
+
+
+_CgroupPath = Annotated[str, AfterValidator(_cgroup_path)]
+
+
 class RuntimeState(BaseModel):
     """Everything changed at runtime. Immutable: changes return a new state."""
 
@@ -89,6 +115,7 @@ class RuntimeState(BaseModel):
     changed: dict[TenantName, dict[str, Any]] = {}
     deleted: tuple[TenantName, ...] = ()
     bindings: dict[_Pid, PidBinding] = {}
+    cgroup_bindings: dict[_CgroupPath, CgroupPathBinding] = {}
 
     @field_validator("bindings", mode="before")
     @classmethod
@@ -136,6 +163,14 @@ class RuntimeState(BaseModel):
         return {pid: Binding(b.tenant, b.start) for pid, b in self.bindings.items()
                 if b.tenant in names and b.boot_id == boot_id}
 
+    def effective_cgroup_bindings(self, config: Sequence[Tenant],
+                                  boot_id: str) -> tuple[CgroupBinding, ...]:
+        """Runtime cgroup bindings made in this boot, to tenants that exist."""
+        names = {t.name for t in self.tenants(config)}
+        return tuple(CgroupBinding(b.tenant, path, b.cgroup_id)
+                     for path, b in self.cgroup_bindings.items()
+                     if b.tenant in names and b.boot_id == boot_id)
+
     # --- changes ---
 
     def create(self, config: Sequence[Tenant], tenant: Tenant) -> RuntimeState:
@@ -155,6 +190,7 @@ class RuntimeState(BaseModel):
             changed={n: f for n, f in self.changed.items() if n != name},
             deleted=(*self.deleted, name) if in_config else self.deleted,
             bindings={p: b for p, b in self.bindings.items() if b.tenant != name},
+            cgroup_bindings={p: b for p, b in self.cgroup_bindings.items() if b.tenant != name},
         )
 
     def change(self, config: Sequence[Tenant], name: str, /, **fields: Any) -> RuntimeState:
@@ -188,6 +224,28 @@ class RuntimeState(BaseModel):
         if pid not in self.bindings:
             raise ChangeError(f"pid {pid} is not bound")
         return self._with(bindings={p: n for p, n in self.bindings.items() if p != pid})
+
+    def bind_cgroup(self, config: Sequence[Tenant], path: str,
+                    binding: CgroupPathBinding) -> RuntimeState:
+        """Bind the cgroup at `path` (replacing a binding of the same path)."""
+        self._existing(config, binding.tenant)
+        try:
+            _cgroup_path(path)
+        except ValueError as e:
+            raise ChangeError(str(e)) from e
+        return self._with(cgroup_bindings={**self.cgroup_bindings, path: binding})
+
+    def without_cgroups(self, paths: set[str]) -> RuntimeState:
+        """The state less the bindings of `paths` (cgroups that are gone)."""
+        if not paths & self.cgroup_bindings.keys():
+            return self
+        return self._with(cgroup_bindings={p: b for p, b in self.cgroup_bindings.items()
+                                           if p not in paths})
+
+    def unbind_cgroup(self, path: str) -> RuntimeState:
+        if path not in self.cgroup_bindings:
+            raise ChangeError(f"cgroup {path} is not bound")
+        return self.without_cgroups({path})
 
     def _existing(self, config: Sequence[Tenant], name: str) -> Tenant:
         for tenant in self.tenants(config):
