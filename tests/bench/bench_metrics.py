@@ -6,7 +6,8 @@
    allocations), once with [metrics] off and once on. With metrics on, a
    scraper polls every 100 ms for a few seconds: a scrape's time and bytes
    (the slowest are those that render a new snapshot, the rest are served
-   from the last rendering), then VmRSS of both daemons.
+   from the last rendering), then VmRSS of both daemons and of the metrics
+   exporter (the daemon's child that renders and serves).
 2. the upcall path under a scraper (--path; in the VM as root, kmod built):
    nvsim + vgpu + vgpud --config (64 tenants, the bench's uid 0) with metrics on; a 1 MiB
    allocation and its free through the quota policy (three upcalls), timed in
@@ -86,9 +87,14 @@ class Scraper:
         self._thread.join()
 
 
+def children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
 async def loaded_daemon(tmp: Path, bus: PrivateBus, metrics_port: int | None,
                         scrape_s: float) -> tuple[dict[str, int], Scraper | None]:
-    """VmRSS/VmHWM of the daemon at 10,000 live allocations (after the scrapes)."""
+    """VmRSS/VmHWM of the daemon at 10,000 live allocations (after the scrapes),
+    and the exporter's as exporter_VmRSS/exporter_VmHWM (when metrics are on)."""
     config = tmp / "vgpud.toml"
     config.write_text(config_text(str(tmp / "state.json"), str(tmp / "run" / "charges"))
                       + (metrics_section(metrics_port) if metrics_port else ""))
@@ -118,7 +124,10 @@ async def loaded_daemon(tmp: Path, bus: PrivateBus, metrics_port: int | None,
             await asyncio.sleep(1.5)  # a snapshot of the loaded daemon
             with Scraper(metrics_port) as scraper:
                 await asyncio.sleep(scrape_s)
-        return status(proc.pid), scraper
+        figures = status(proc.pid)
+        for child in children(proc.pid) if metrics_port else []:
+            figures |= {f"exporter_{k}": v for k, v in status(child).items()}
+        return figures, scraper
     finally:
         proc.send_signal(signal.SIGTERM)
         await loop.run_in_executor(None, proc.wait)
@@ -146,7 +155,9 @@ def scrape_and_memory(scrape_s: float) -> None:
           f"p50 {pct(times, .5) / 1e6:.2f} ms, max {times[-1] / 1e6:.2f} ms "
           "(the slowest render a new snapshot)")
     print(f"  VmRSS metrics off {off['VmRSS'] / 1024:.1f} MiB, on {on['VmRSS'] / 1024:.1f} MiB"
-          f" (peak {on['VmHWM'] / 1024:.1f}; target < 80)\n")
+          f" (peak {on['VmHWM'] / 1024:.1f}; target < 80)")
+    print(f"  exporter process VmRSS {on['exporter_VmRSS'] / 1024:.1f} MiB"
+          f" (peak {on['exporter_VmHWM'] / 1024:.1f})\n")
 
 
 def pct(values: list[int], p: float) -> int:

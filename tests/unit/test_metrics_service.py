@@ -1,13 +1,19 @@
-"""The metrics adapter on a real socket: serving, caching, a taken port, a module
-that stops answering; and the quota daemon on the fake kernel with metrics on."""
+"""The metrics adapter on a real socket with its real exporter process:
+serving, a taken port, a module that stops answering, an exporter killed,
+fed garbage or orphaned; and the quota daemon on the fake kernel with
+metrics on."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import marshal
 import os
 import signal
 import socket
+import subprocess
+import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -23,7 +29,8 @@ from vgpud.daemon import Daemon
 from vgpud.host.systemd import Notifier
 from vgpud.kernel.channel import ChannelError
 from vgpud.kernel.uapi import Stats, Stats4, UpcallKind, VerdictAction
-from vgpud.metrics import service
+from vgpud.metrics import wire
+from vgpud.metrics.exporter import Exporter
 from vgpud.metrics.service import MetricsService
 from vgpud.metrics.snapshot import Snapshot, collect
 from vgpud.nvidia import layouts as L
@@ -67,7 +74,11 @@ class Figures:
                        verdicts=VerdictStats(), overruns=0, module=module, module4=module4)
 
 
-def test_serves_the_latest_snapshot_and_renders_it_once() -> None:
+def test_serves_the_latest_snapshot_from_a_child_process(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exporter is a child of ours, serving on the port we bound, without
+    systemd's notify socket; stop() ends and reaps it and closes the port."""
+    monkeypatch.setenv("NOTIFY_SOCKET", "/run/nowhere")
     figures = Figures()
     answers: list[object] = [(make_stats(opens=3), make_stats4()), ChannelError("gone")]
 
@@ -78,18 +89,22 @@ def test_serves_the_latest_snapshot_and_renders_it_once() -> None:
         return answer  # type: ignore[return-value]
 
     async def main() -> None:
-        metrics = MetricsService("127.0.0.1", free_port(), figures, counters, interval=3600)
+        metrics = MetricsService("127.0.0.1", 0, figures, counters, interval=3600)
         assert metrics.start()
-        assert metrics.address is not None
+        assert metrics.address is not None and metrics.address[1] != 0
         url = f"http://127.0.0.1:{metrics.address[1]}/metrics"
+        assert metrics.exporter is not None
+        pid = metrics.exporter.pid
         try:
+            assert pid != os.getpid() and parent_of(pid) == os.getpid()
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            assert not [v for v in environ if v.startswith(b"NOTIFY_SOCKET=")]
             await asyncio.sleep(0)  # the refresh task's first round
             figures.used = 4096
             status, first = await asyncio.to_thread(get, url)
             assert status == 200
             assert values(first, "vgpud_memory_used_bytes") == {"t": 0}
             assert values(first, "vgpud_module_opens_total") == {"": 3}
-            assert metrics.render() is metrics.render()  # the same bytes until a new snapshot
             await metrics.refresh()  # GET_STATS fails: the last module figures stay
             status, second = await asyncio.to_thread(get, url)
             assert values(second, "vgpud_memory_used_bytes") == {"t": 4096}
@@ -97,11 +112,161 @@ def test_serves_the_latest_snapshot_and_renders_it_once() -> None:
             assert (await asyncio.to_thread(get, url.replace("/metrics", "/x")))[0] == 404
         finally:
             await metrics.stop()
+        assert metrics.exporter is None and metrics.address is None
+        assert not Path(f"/proc/{pid}").exists()  # gone and reaped: no zombie either
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1].split("/")[0])),
                                      timeout=1)
 
-    asyncio.run(asyncio.wait_for(main(), 20))
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def parent_of(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+async def module_counters() -> tuple[Stats, Stats4 | None]:
+    return make_stats(), None
+
+
+def test_a_killed_exporter_is_restarted(caplog: pytest.LogCaptureFixture) -> None:
+    """SIGKILL to the exporter: the daemon logs it, starts another after its
+    back-off, and the new one serves the latest snapshot at the same port."""
+    figures = Figures()
+
+    async def main() -> None:
+        metrics = MetricsService("127.0.0.1", 0, figures, module_counters, interval=3600,
+                                 restart_delay=0.2)
+        assert metrics.start()
+        assert metrics.address is not None and metrics.exporter is not None
+        url = f"http://127.0.0.1:{metrics.address[1]}/metrics"
+        try:
+            assert (await asyncio.to_thread(get, url))[0] == 200
+            first = metrics.exporter.pid
+            os.kill(first, signal.SIGKILL)
+            for _ in range(1000):
+                if metrics.exporter is None:
+                    break
+                await asyncio.sleep(0.01)
+            assert metrics.exporter is None  # seen dead, not yet restarted
+            assert not Path(f"/proc/{first}").exists()  # reaped
+            figures.used = 123
+            await metrics.refresh()  # no exporter: kept for the next one
+            for _ in range(1000):
+                if metrics.exporter is not None:
+                    break
+                await asyncio.sleep(0.01)
+            assert metrics.exporter is not None and metrics.exporter.pid != first
+            status, text = await asyncio.to_thread(get, url)
+            assert status == 200 and values(text, "vgpud_memory_used_bytes") == {"t": 123}
+        finally:
+            await metrics.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    assert any("exited with status -9: restarting in 0.2 s" in m for m in caplog.messages)
+
+
+def test_a_malformed_frame_is_logged_and_the_last_snapshot_kept(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """Bytes that are no frame and a frame that is no snapshot: the exporter
+    logs both, keeps serving the last good snapshot, and takes the next."""
+    figures = Figures()
+    figures.used = 7
+
+    async def main() -> None:
+        metrics = MetricsService("127.0.0.1", 0, figures, module_counters, interval=3600)
+        assert metrics.start()
+        assert metrics.address is not None and metrics.exporter is not None
+        url = f"http://127.0.0.1:{metrics.address[1]}/metrics"
+        pid = metrics.exporter.pid
+        try:
+            await asyncio.sleep(0)  # the first refresh
+            metrics.exporter.offer(b"\xffnot a frame at all")
+            metrics.exporter.offer(wire.frame(b"\x00garbage"))
+            metrics.exporter.offer(wire.frame(marshal.dumps((1, 2, 3, 4))))
+            status, text = await asyncio.to_thread(get, url)
+            assert status == 200 and values(text, "vgpud_memory_used_bytes") == {"t": 7}
+            figures.used = 8
+            await metrics.refresh()
+            status, text = await asyncio.to_thread(get, url)
+            assert status == 200 and values(text, "vgpud_memory_used_bytes") == {"t": 8}
+            assert metrics.exporter.pid == pid
+        finally:
+            await metrics.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    err = capfd.readouterr().err
+    assert "skipped 19 bytes that were no frame" in err
+    assert err.count("dropped a malformed snapshot") == 2
+
+
+def test_the_exporter_dies_with_the_daemon(tmp_path: Path) -> None:
+    """A daemon killed (SIGKILL: no stop()) takes its exporter with it."""
+    code = ("import asyncio\n"
+            "from vgpud.metrics.service import MetricsService\n"
+            "from vgpud.metrics.snapshot import collect\n"
+            "from vgpud.policy.dispatch import Counters, VerdictStats\n"
+            "def figures(module, module4):\n"
+            "    return collect([], uuids={}, denied={}, gpu_time_ns=None, target={},\n"
+            "                   measured={}, counters=Counters(), verdicts=VerdictStats(),\n"
+            "                   overruns=0, module=module, module4=module4)\n"
+            "async def counters():\n"
+            "    await asyncio.Event().wait()\n"
+            "async def main():\n"
+            "    m = MetricsService('127.0.0.1', 0, figures, counters, interval=3600)\n"
+            "    assert m.start()\n"
+            "    print(m.exporter.pid, flush=True)\n"
+            "    await asyncio.sleep(3600)\n"
+            "asyncio.run(main())\n")
+    daemon = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert daemon.stdout is not None
+    pid = int(daemon.stdout.readline())
+    daemon.kill()
+    daemon.wait()
+    deadline = time.monotonic() + 20
+    while Path(f"/proc/{pid}").exists() and "Z" not in state_of(pid):
+        assert time.monotonic() < deadline, "the exporter outlived the daemon"
+        time.sleep(0.05)
+
+
+def test_the_daemon_side_loads_no_renderer_nor_http_server() -> None:
+    """Rendering and HTTP are the exporter's: the daemon's side (what app.py
+    imports) loads neither prometheus_client nor http.server."""
+    code = ("import sys, vgpud.metrics.service, vgpud.metrics.sources\n"
+            "print(' '.join(sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                            text=True).stdout.split()
+    assert [m for m in loaded if m.split(".")[0] in ("prometheus_client", "http")] == []
+
+
+def state_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
+
+
+def test_the_exporter_keeps_the_newest_good_snapshot_and_renders_it_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """In process: frames that queued in the pipe are taken newest first (the
+    older ones dropped undecoded); a rendering is reused until a new snapshot."""
+    figures = Figures()
+    snapshots = []
+    for used in (1, 2):
+        figures.used = used
+        snapshots.append(figures(None, None))
+    exporter = Exporter()
+    exporter.feed(b"".join(wire.frame(wire.encode(s)) for s in snapshots))
+    assert exporter.snapshot == snapshots[1]
+    text = exporter.render()
+    assert exporter.render() is text
+    assert values(text, "vgpud_memory_used_bytes") == {"t": 2}
+    exporter.feed(wire.frame(wire.encode(snapshots[0])) + wire.frame(b"\x00bad"))
+    assert exporter.snapshot == snapshots[0]
+    assert exporter.render() is not text
+    assert values(exporter.render(), "vgpud_memory_used_bytes") == {"t": 1}
+    assert sum("dropped a malformed snapshot" in m for m in caplog.messages) == 1
 
 
 def test_a_taken_port_is_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
@@ -123,18 +288,18 @@ def test_a_taken_port_is_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
                for m in caplog.messages)
 
 
-def test_a_silent_client_delays_scrapes_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_silent_client_delays_scrapes_only() -> None:
     """A connection that never sends its request holds the (serial) server
     until its timeout, not the loop: snapshots go on, and the next scraper
     is answered once the silent one is dropped."""
-    monkeypatch.setattr(service._Handler, "timeout", 0.5)
     figures = Figures()
 
     async def counters() -> tuple[Stats, Stats4 | None]:
         return make_stats(), None
 
     async def main() -> None:
-        metrics = MetricsService("127.0.0.1", free_port(), figures, counters, interval=3600)
+        metrics = MetricsService("127.0.0.1", free_port(), figures, counters, interval=3600,
+                                 request_timeout=0.5)
         assert metrics.start()
         assert metrics.address is not None
         port = metrics.address[1]

@@ -4,6 +4,8 @@ on, scraped by a real Prometheus server (Debian's /usr/bin/prometheus).
 The tenant's memory is asked of Prometheus's HTTP API after known allocations,
 and must be the exact byte count; nvsim's own accounting (its heap's free
 memory) says the allocations happened, and that the refused one did not.
+What Prometheus reads is served by the daemon's one child, the exporter,
+which exits by itself when the daemon is killed.
 """
 
 from __future__ import annotations
@@ -162,15 +164,43 @@ def served(vgpu: Path, daemon_factory, tmp_path: Path) -> Iterator[Prometheus]:
                                     charges=tmp_path / "run" / "charges", port=port))
     daemon = daemon_factory("--config", str(config), "--no-dbus").start()
     prometheus = Prometheus(tmp_path, port)
+    exporters: list[int] = []
     try:
         prometheus.wait_ready()
+        exporters = exporter_of(daemon.proc.pid)
         yield prometheus
     finally:
         prometheus.stop()
-        daemon.kill()
+        daemon.kill()  # SIGKILL: no stop(), the exporter must go by itself
+        for pid in exporters:
+            wait_gone(pid)
         print(daemon.log())  # shown by pytest when the test fails
         print(prometheus.log())
         shutil.rmtree(tmp_path / "tsdb", ignore_errors=True)
+
+
+def exporter_of(pid: int) -> list[int]:
+    """The daemon's one child, the metrics exporter (started after READY=1)."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not (found := Path(f"/proc/{pid}/task/{pid}/children").read_text().split()):
+        assert time.monotonic() < deadline, "vgpud started no metrics exporter"
+        time.sleep(0.1)
+    assert len(found) == 1, found
+    return [int(found[0])]
+
+
+def wait_gone(pid: int, timeout: float = 60) -> None:
+    """Until ``pid`` has exited (gone, or a zombie of whoever reaps orphans)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return
+        if state == "Z":
+            return
+        assert time.monotonic() < deadline, f"the exporter (pid {pid}) outlived the daemon"
+        time.sleep(0.1)
 
 
 def test_prometheus_sees_the_exact_bytes(served: Prometheus, cgroup: Path, nvsim: Path) -> None:

@@ -1,38 +1,40 @@
-"""The metrics adapter: a snapshot refreshed on the event loop, served over
-HTTP from a thread of its own.
+"""The metrics adapter: a snapshot refreshed on the event loop, rendered and
+served over HTTP by a child process (vgpud.metrics.exporter).
 
-The loop does the cheap part: every ``interval`` it asks the module for
-its counters (GET_STATS, the one await) and copies the daemon's figures
-into a Snapshot (vgpud.metrics.snapshot), one attribute assignment the
-server thread then reads. The thread formats a snapshot the first time it
-is scraped and serves the same bytes until the next one, so a scraper
-polling faster than the refresh costs the loop nothing but the GIL for a
-write; while it renders, the loop gets the GIL back within SWITCH_INTERVAL.
-The server answers one request at a time with a socket timeout: a
-local user holding connections open delays scrapes, never upcalls, and
-makes no threads. A port it cannot bind is a log line; the daemon serves
-upcalls without metrics.
+The daemon binds the listening socket itself (a port it cannot bind is a
+log line; the daemon serves upcalls without metrics) and hands it to the
+exporter with the read end of a pipe. The loop does the cheap part: every
+``interval`` it asks the module for its counters (GET_STATS, the one await),
+copies the daemon's figures into a Snapshot (vgpud.metrics.snapshot) and,
+when it differs from the last, writes it to the pipe in vgpud.metrics.wire's
+encoding. The write never blocks: the pipe is non-blocking, and while the
+exporter has not read one frame, a newer snapshot replaces the one waiting
+behind it instead of queueing. Rendering and HTTP take the exporter's CPU
+and GIL, never the loop's; the daemon loads no HTTP server nor
+prometheus_client. The exporter reads the pipe and nothing else of the
+daemon: it dies with it (PR_SET_PDEATHSIG, and EOF on the pipe), and when it
+dies on its own the daemon starts another after a back-off, the listening
+socket (and its backlog of scrapers) kept meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import logging
+import os
+import socket
+import subprocess
 import sys
-import threading
-from collections.abc import Awaitable, Callable, Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
-from socket import AF_INET6
-
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+import time
+from collections.abc import Awaitable, Callable
 
 from vgpud.kernel.channel import ChannelError
 from vgpud.kernel.codec import DecodeError
 from vgpud.kernel.uapi import Stats, Stats4
-from vgpud.metrics.families import families
 from vgpud.metrics.snapshot import Snapshot
+from vgpud.metrics.wire import encode, frame
 
 __all__ = ["MetricsService"]
 
@@ -40,9 +42,14 @@ log = logging.getLogger("vgpud.metrics")
 
 REFRESH_INTERVAL = 1.0  # seconds between snapshots
 REQUEST_TIMEOUT = 5.0  # seconds a client may take to send its request
-# The longest the server thread keeps the GIL from the event loop while it
-# renders (CPython's default is 5 ms: an upcall's worth, or more, in a slow guest).
-SWITCH_INTERVAL = 0.001
+RESTART_DELAY = 1.0  # first back-off before a dead exporter is started again
+RESTART_DELAY_MAX = 60.0  # doubling up to this; reset once one has lived this long
+STOP_TIMEOUT = 5.0  # seconds the exporter gets after SIGTERM, before SIGKILL
+PIPE_SIZE = 1 << 20  # room for a snapshot of thousands of accounts in one write
+LISTEN_BACKLOG = 16
+# systemd's words to the daemon alone: the exporter is no notifier nor watched.
+_DAEMON_ONLY = frozenset({"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS",
+                          "LISTEN_PID", "LISTEN_FDNAMES"})
 
 Collect = Callable[[Stats | None, Stats4 | None], Snapshot]
 GetCounters = Callable[[], Awaitable[tuple[Stats, Stats4 | None]]]
@@ -53,44 +60,49 @@ class MetricsService:
     (None until GET_STATS answers); ``get_counters`` asks the module."""
 
     def __init__(self, host: str, port: int, collect: Collect, get_counters: GetCounters, *,
-                 interval: float = REFRESH_INTERVAL) -> None:
+                 interval: float = REFRESH_INTERVAL, request_timeout: float = REQUEST_TIMEOUT,
+                 restart_delay: float = RESTART_DELAY) -> None:
         self.host, self.port = host, port
         self._collect = collect
         self._get_counters = get_counters
         self._interval = interval
+        self._request_timeout = request_timeout
+        self._restart_delay = restart_delay
+        self._delay = restart_delay
         self._module: tuple[Stats | None, Stats4 | None] = (None, None)
         self.latest: Snapshot = collect(None, None)
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        self._payload = encode(self.latest)
+        self._listener: socket.socket | None = None
         self._refresher: asyncio.Task[None] | None = None
         self._module_failing = False
-        self._rendered: tuple[Snapshot, bytes] | None = None
-        self._render_lock = threading.Lock()
+        self.exporter: _Child | None = None
+        self._restart: asyncio.TimerHandle | None = None
 
     @property
     def address(self) -> tuple[str, int] | None:
         """Where it serves (the port bound), None when it does not."""
-        if self._server is None:
+        if self._listener is None:
             return None
-        host, port = self._server.server_address[:2]
+        host, port = self._listener.getsockname()[:2]
         return str(host), int(port)
 
     def start(self) -> bool:
         """Bind and serve; False (logged) when the address cannot be bound."""
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
         try:
-            server = _Server(self.host, self.port, self)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((self.host, self.port))
+            listener.listen(LISTEN_BACKLOG)
         except OSError as exc:
+            listener.close()
             log.error("metrics: cannot listen on %s port %d (%s): running without metrics",
                       self.host, self.port, exc.strerror or exc)
             return False
-        self._server = server
-        if sys.getswitchinterval() > SWITCH_INTERVAL:
-            sys.setswitchinterval(SWITCH_INTERVAL)
-        self._thread = threading.Thread(target=server.serve_forever, name="vgpud-metrics",
-                                        daemon=True)
-        self._thread.start()
+        self._listener = listener
+        self._spawn()
         self._refresher = asyncio.create_task(self._refresh_loop())
-        host, port = server.server_address[:2]
+        host, port = listener.getsockname()[:2]
         log.info("metrics: serving http://%s/metrics", _url_host(str(host), int(port)))
         return True
 
@@ -99,14 +111,18 @@ class MetricsService:
         if refresher is not None:
             refresher.cancel()
             await asyncio.wait([refresher])
-        server, self._server = self._server, None
-        if server is not None:
-            await asyncio.to_thread(server.shutdown)
-            server.server_close()
-        self._thread = None
+        if self._restart is not None:
+            self._restart.cancel()
+            self._restart = None
+        child, self.exporter = self.exporter, None
+        if child is not None:
+            await child.stop()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
 
     async def refresh(self) -> None:
-        """Ask the module for its counters, then take a snapshot."""
+        """Ask the module for its counters, take a snapshot, send it if new."""
         try:
             self._module = await self._get_counters()
             self._module_failing = False
@@ -115,60 +131,138 @@ class MetricsService:
                 log.warning("metrics: module counters unavailable (%s): keeping the last", exc)
             self._module_failing = True
         self.latest = self._collect(*self._module)
+        payload = encode(self.latest)
+        if payload != self._payload:
+            self._payload = payload
+            if self.exporter is not None:
+                self.exporter.offer(frame(payload))
 
     async def _refresh_loop(self) -> None:
         while True:
             await self.refresh()
             await asyncio.sleep(self._interval)
 
-    def render(self) -> bytes:
-        """The latest snapshot in the text format (in the server thread):
-        rendered once, then the same bytes until the next snapshot."""
-        snapshot = self.latest
-        with self._render_lock:
-            rendered = self._rendered
-            if rendered is None or rendered[0] is not snapshot:
-                registry = CollectorRegistry(auto_describe=False)
-                registry.register(_Collector(snapshot))
-                rendered = self._rendered = (snapshot, generate_latest(registry))
-            return rendered[1]
-
-
-class _Collector:
-    def __init__(self, snapshot: Snapshot) -> None:
-        self.snapshot = snapshot
-
-    def collect(self) -> Iterator[Metric]:
-        return families(self.snapshot)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    timeout = REQUEST_TIMEOUT
-
-    def do_GET(self) -> None:
-        if self.path.split("?", 1)[0] not in ("/metrics", "/"):
-            self.send_error(404, "only /metrics here")
+    def _spawn(self) -> None:
+        self._restart = None
+        assert self._listener is not None
+        try:
+            child = _Child(self._listener, self._request_timeout, self._exited)
+        except OSError as exc:
+            log.error("metrics: cannot start the exporter (%s)", exc)
+            self._schedule_restart()
             return
-        body = self.server.metrics.render()
-        self.send_response(200)
-        self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self.exporter = child
+        child.offer(frame(self._payload))
 
-    def log_message(self, format: str, *args: object) -> None:
-        log.debug("metrics: %s " + format, self.address_string(), *args)
+    def _exited(self, child: _Child, status: int, lived: float) -> None:
+        if child is not self.exporter:
+            return
+        self.exporter = None
+        if lived >= RESTART_DELAY_MAX:
+            self._delay = self._restart_delay
+        log.warning("metrics: exporter (pid %d) exited with status %d: restarting in %.1f s",
+                    child.pid, status, self._delay)
+        self._schedule_restart()
+
+    def _schedule_restart(self) -> None:
+        delay, self._delay = self._delay, min(self._delay * 2, RESTART_DELAY_MAX)
+        self._restart = asyncio.get_running_loop().call_later(delay, self._spawn)
 
 
-class _Server(HTTPServer):
-    """One request at a time (no thread per connection)."""
+class _Child:
+    """One exporter process, the write end of its pipe and the frame being
+    written; its exit is seen on a pidfd (no thread, no SIGCHLD handler)."""
 
-    def __init__(self, host: str, port: int, metrics: MetricsService) -> None:
-        if ":" in host:
-            self.address_family = AF_INET6
-        self.metrics = metrics
-        super().__init__((host, port), _Handler)
+    def __init__(self, listener: socket.socket, timeout: float,
+                 exited: Callable[[_Child, int, float], None]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._exited = exited
+        read, self._fd = os.pipe2(os.O_CLOEXEC)
+        try:
+            os.set_blocking(self._fd, False)
+            with contextlib.suppress(OSError):  # else 64 KiB: a large snapshot takes writes
+                fcntl.fcntl(self._fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+            level = logging.getLevelName(log.getEffectiveLevel())
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "vgpud.metrics.exporter", str(listener.fileno()),
+                 str(read), str(os.getpid()), "--timeout", str(timeout), "--log-level", level],
+                pass_fds=(listener.fileno(), read), stdin=subprocess.DEVNULL,
+                env={k: v for k, v in os.environ.items() if k not in _DAEMON_ONLY})
+        except BaseException:
+            os.close(self._fd)
+            raise
+        finally:
+            os.close(read)
+        self.pid = self._proc.pid
+        self._started = time.monotonic()
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+        except OSError:
+            self._proc.kill()
+            self._proc.wait()
+            os.close(self._fd)
+            raise
+        self._loop.add_reader(self._pidfd, self._on_exit)
+        self._out: memoryview | None = None  # the frame being written
+        self._next: bytes | None = None  # the one after it (replaced, never queued)
+        self._writing = False
+
+    def offer(self, data: bytes) -> None:
+        """Send ``data`` (a whole frame) now, or after the frame in flight."""
+        if self._fd < 0:
+            return
+        if self._out is not None:
+            self._next = data
+            return
+        self._out = memoryview(data)
+        self._flush()
+
+    def _flush(self) -> None:
+        while self._out is not None:
+            try:
+                n = os.write(self._fd, self._out)
+            except BlockingIOError:
+                if not self._writing:
+                    self._loop.add_writer(self._fd, self._flush)
+                    self._writing = True
+                return
+            except OSError:  # EPIPE: it died; the pidfd says so
+                self._out = self._next = None
+                break
+            self._out = self._out[n:] if n < len(self._out) else None
+            if self._out is None and self._next is not None:
+                self._out, self._next = memoryview(self._next), None
+        if self._writing:
+            self._loop.remove_writer(self._fd)
+            self._writing = False
+
+    def _close(self) -> int:
+        """Reap it (it has exited) and close our ends; its exit status."""
+        os.close(self._pidfd)
+        if self._writing:
+            self._loop.remove_writer(self._fd)
+            self._writing = False
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        return self._proc.wait()
+
+    def _on_exit(self) -> None:
+        self._loop.remove_reader(self._pidfd)
+        status = self._close()
+        self._exited(self, status, time.monotonic() - self._started)
+
+    async def stop(self) -> None:
+        """SIGTERM, then SIGKILL after STOP_TIMEOUT; reaped when it returns."""
+        self._loop.remove_reader(self._pidfd)
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            deadline = time.monotonic() + STOP_TIMEOUT
+            while self._proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            if self._proc.poll() is None:
+                self._proc.kill()
+        self._close()
 
 
 def _url_host(host: str, port: int) -> str:
