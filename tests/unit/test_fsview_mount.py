@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import errno
 import os
 import shutil
 import signal
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -251,6 +253,38 @@ def test_one_user_holding_files_open_does_not_lock_out_others(served: Served) ->
     assert as_user(65534, code=f"print(open({str(path)!r}).read())").stdout == "100\n\n"
 
 
+def test_racing_opens_stop_at_the_cap(served: Served) -> None:
+    """Eight threads of one user open at once, twice the cap between them:
+    exactly the cap succeeds (the FUSE loop serves one request at a time),
+    the rest get ENFILE, and all of it is returned at close."""
+    path = served.path("alice", "gpu.weight")
+    code = ("import os, threading\nfrom collections import Counter\n"
+            "got, lock, go = Counter(), threading.Lock(), threading.Barrier(8)\n"
+            "fds = []\n"
+            "def opener():\n"
+            " go.wait()\n"
+            f" for _ in range({MAX_HANDLES_PER_UID // 4}):\n"
+            "  try:\n"
+            f"   fd = os.open({str(path)!r}, 0)\n"
+            "  except OSError as e:\n"
+            "   with lock: got[os.strerror(e.errno)] += 1\n"
+            "  else:\n"
+            "   with lock: got['ok'] += 1; fds.append(fd)\n"
+            "ts = [threading.Thread(target=opener) for _ in range(8)]\n"
+            "[t.start() for t in ts]; [t.join() for t in ts]\n"
+            "[os.close(fd) for fd in fds]\n"
+            "print(sorted(got.items()))\n")
+    want = (f"[('Too many open files in system', {MAX_HANDLES_PER_UID}), "
+            f"('ok', {MAX_HANDLES_PER_UID})]\n")
+    assert as_user(65534, code=code).stdout == want
+    # Again: every handle was given back (the kernel sends RELEASE after
+    # close() returns, so the second round may have to wait for it).
+    deadline = time.monotonic() + 20
+    while (got := as_user(65534, code=code).stdout) != want and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert got == want
+
+
 def test_a_read_is_one_snapshot(served: Served) -> None:
     path = served.path("alice", "dmem.max")
     with open(path, "rb", buffering=0) as f:
@@ -378,6 +412,39 @@ def test_unprivileged_daemon_serves_through_the_helper(helper: Path, tmp_path: P
     finally:
         child.kill()
         child.wait()
+    assert not is_mounted(where)
+
+
+def test_a_killed_daemons_dead_mount_is_replaced(helper: Path, tmp_path: Path,
+                                                 public: Path) -> None:
+    """SIGKILL leaves the view mounted with no one serving it (ENOTCONN to
+    every lookup); the restarted daemon's helper request replaces it."""
+    where = public / "view"
+
+    def daemon() -> subprocess.Popen[str]:
+        child = subprocess.Popen(
+            ["setpriv", "--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin",
+             sys.executable, "-c", DAEMON_SIDE, str(tmp_path / "vgpud.toml"), str(helper)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            cwd=Path(__file__).parents[2])
+        assert child.stdout is not None
+        assert child.stdout.readline() == "cap_sys_admin False\n"
+        assert child.stdout.readline() == f"started True {where}\n"
+        return child
+
+    first = daemon()
+    first.kill()
+    first.wait()
+    with pytest.raises(OSError) as dead:
+        (where / "gpus").stat()
+    assert dead.value.errno == errno.ENOTCONN
+    second = daemon()
+    try:
+        assert (where / "tenants" / "alice" / "gpu.weight").read_text() == "100\n"
+    finally:
+        assert second.stdin is not None
+        second.stdin.close()
+        second.wait(timeout=30)
     assert not is_mounted(where)
 
 

@@ -24,6 +24,7 @@ class FakeProbes:
         self.source = source
         self.map: dict[tuple[int, int, int], list[int]] = {}
         self.attach_points = ["tracepoint vgpu:vgpu_ioctl_enter"]
+        self.waiting = "waiting for the vgpu tracepoints (module unloaded)"
         self.is_stale = False
         self.can_reattach = True
         self.reattached = 0
@@ -139,8 +140,8 @@ def test_a_reloaded_module_is_followed() -> None:
 def test_unavailable_reasons(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tracefs, modules = tmp_path / "tracing", tmp_path / "modules"
 
-    def why(caps: int = 1 << bcc_probes.CAP_SYS_ADMIN) -> str | None:
-        return unavailable_reason(tracefs, modules, lambda: caps)
+    def why(caps: int = 1 << bcc_probes.CAP_SYS_ADMIN, paranoid: int = 2) -> str | None:
+        return unavailable_reason(tracefs, modules, lambda: caps, lambda: paranoid)
 
     # The shipped unit's bounding set: CAP_NET_ADMIN (12) alone.
     assert "needs CAP_BPF and CAP_PERFMON" in str(why(1 << 12))
@@ -148,6 +149,10 @@ def test_unavailable_reasons(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert "tracefs is not mounted" in str(why())
     assert "tracefs is not mounted" in str(
         why(1 << bcc_probes.CAP_BPF | 1 << bcc_probes.CAP_PERFMON))
+    # Debian's perf_event_paranoid=3 wants CAP_SYS_ADMIN for perf_event_open(2).
+    assert "perf_event_paranoid is 3: attaching needs CAP_SYS_ADMIN" in str(
+        why(1 << bcc_probes.CAP_BPF | 1 << bcc_probes.CAP_PERFMON, 3))
+    assert "tracefs is not mounted" in str(why(paranoid=3))
     (tracefs / "events").mkdir(parents=True)
     assert "tracepoints are absent" in str(why())
     (tracefs / "events/vgpu").mkdir()
@@ -156,6 +161,12 @@ def test_unavailable_reasons(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     (modules / os.uname().release / "build").mkdir(parents=True)
     monkeypatch.setitem(sys.modules, "bcc", None)  # import bcc -> ImportError
     assert "bcc is not importable" in str(why())
+
+
+def test_perf_paranoid(tmp_path: Path) -> None:
+    (tmp_path / "p").write_text("3\n")
+    assert bcc_probes.perf_paranoid(tmp_path / "p") == 3
+    assert bcc_probes.perf_paranoid(tmp_path / "absent") == -1
 
 
 def test_effective_caps(tmp_path: Path) -> None:

@@ -94,3 +94,25 @@ def test_all_units_verify_clean(tmp_path: Path) -> None:
     units = [u for u in installed_copies(tmp_path) if not u.stem.endswith("@")]
     res = analyze("verify", "--recursive-errors=yes", *map(str, units))
     assert (res.returncode, res.stdout + res.stderr) == (0, ""), [u.name for u in units]
+
+
+def unit_values(name: str, key: str) -> list[str]:
+    """The values of ``key=`` in shipped unit ``name``, in order."""
+    return [line.split("=", 1)[1] for line in (SYSTEMD / name).read_text().splitlines()
+            if line.startswith(f"{key}=")]
+
+
+def test_probes_helper_within_bound_and_alone_with_cap_bpf(tmp_path: Path) -> None:
+    """The latency probes' capabilities live in vgpud-probes.service only; the
+    daemon reaches it over the socket vgpud-probes.socket listens on."""
+    copies = {u.name: u for u in installed_copies(tmp_path)}
+    score, status = exposure(copies["vgpud-probes.service"], MAX_EXPOSURE)
+    print(f"\nvgpud-probes.service exposure {score:.1f}")
+    assert score <= MAX_EXPOSURE and status == 0
+    assert unit_values("vgpud.service", "CapabilityBoundingSet") == ["CAP_NET_ADMIN"]
+    assert unit_values("vgpud-probes.service", "CapabilityBoundingSet") == [
+        "CAP_BPF CAP_PERFMON CAP_SYSLOG CAP_SYS_ADMIN"]
+    (sock,) = unit_values("vgpud-probes.socket", "ListenStream")
+    (start,) = unit_values("vgpud.service", "ExecStart")
+    assert f"--probes-helper {sock}" in start and "--no-probes" not in start
+    assert "vgpud-probes.socket" in unit_values("vgpud.service", "Wants")[0]

@@ -27,6 +27,7 @@ from pathlib import Path
 import click
 
 from vgpud.fsview.mountfd import mount, umount_detach
+from vgpud.host.systemd import listen_unix, passed_socket
 from vgpud.store.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
 
 __all__ = ["main", "mount_data", "parse_request", "serve_connection"]
@@ -36,7 +37,6 @@ log = logging.getLogger("vgpud-fsmount")
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x2, 0x4, 0x8
 FUSE_MAJOR, FUSE_MINOR = 10, 229  # /dev/fuse
 REQUEST_MAX = 64
-SD_LISTEN_FDS_START = 3
 
 
 class Refused(Exception):
@@ -107,9 +107,11 @@ def _handle(conn: socket.socket, config_path: Path) -> str:
             return str(where)
         if not _is_fuse_device(fds[0]):
             raise Refused("the descriptor is not /dev/fuse")
-        where.mkdir(mode=0o755, parents=True, exist_ok=True)
+        # Detach first: the mount of a daemon that died answers ENOTCONN to
+        # anything else, mkdir's existence check included.
         if umount_detach(str(where)):
             log.info("detached a stale mount at %s", where)
+        where.mkdir(mode=0o755, parents=True, exist_ok=True)
         mount("vgpud", str(where), "fuse.vgpud", MS_NOSUID | MS_NODEV | MS_NOEXEC,
               mount_data(fds[0]))
         log.info("mounted the file view at %s", where)
@@ -145,18 +147,13 @@ def main(config_path: Path, listen: Path | None) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(name)s: %(levelname)s %(message)s")
     if listen is None:
-        if os.environ.get("LISTEN_FDS") != "1" or os.environ.get("LISTEN_PID") != str(os.getpid()):
-            raise click.UsageError("no connection from systemd (LISTEN_FDS): use --listen")
-        with socket.socket(fileno=SD_LISTEN_FDS_START) as conn:
-            sys.exit(0 if serve_connection(conn, config_path) else 1)
-    listen.unlink(missing_ok=True)
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
-        old = os.umask(0o177)
         try:
-            server.bind(str(listen))
-        finally:
-            os.umask(old)
-        server.listen(8)
+            conn = passed_socket("connection")
+        except LookupError as exc:
+            raise click.UsageError(str(exc)) from None
+        with conn:
+            sys.exit(0 if serve_connection(conn, config_path) else 1)
+    with listen_unix(str(listen)) as server:
         while True:
             conn, _ = server.accept()
             with conn:

@@ -57,12 +57,17 @@ def umount_detach(target: str) -> bool:
     raise OSError(err, f"umount {target}: {os.strerror(err)}")
 
 
+# The helper is a Python process started per request: milliseconds on a
+# host, tens of seconds in a loaded emulated guest. Its unit allows longer.
+HELPER_TIMEOUT = 60.0
+
+
 def open_fuse_device() -> int:
     return os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
 
 
 def request(line: str, fd: int | None = None, path: Path = HELPER_SOCKET,
-            timeout: float = 10.0) -> str:
+            timeout: float = HELPER_TIMEOUT) -> str:
     """Send ``line`` (and ``fd``) to vgpud-fsmount; its OK reply's text, or HelperError."""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:

@@ -198,9 +198,9 @@ class FsView:
         """libfuse's mountpoint argument, and where the view is."""
         where = self.settings.mountpoint
         if has_cap_sys_admin():
-            where.mkdir(mode=0o755, parents=True, exist_ok=True)
-            if umount_detach(str(where)):
+            if umount_detach(str(where)):  # first: a dead mount answers ENOTCONN
                 log.info("detached a stale mount at %s", where)
+            where.mkdir(mode=0o755, parents=True, exist_ok=True)
             return str(where), where
         fd = open_fuse_device()
         try:

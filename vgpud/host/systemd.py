@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 
-__all__ = ["Notifier", "watchdog_interval"]
+__all__ = ["SD_LISTEN_FDS_START", "Notifier", "listen_unix", "passed_socket", "watchdog_interval"]
 
 log = logging.getLogger("vgpud")
 
@@ -43,3 +44,31 @@ def watchdog_interval(env: dict[str, str] | os._Environ[str] = os.environ) -> fl
         return int(usec) / 2e6
     except ValueError:
         return None
+
+
+SD_LISTEN_FDS_START = 3
+
+
+def passed_socket(what: str) -> socket.socket:
+    """The one socket systemd passed (sd_listen_fds(3): fd 3, $LISTEN_FDS=1
+    for this pid); ``what`` names it in the error: "socket" or "connection"."""
+    if os.environ.get("LISTEN_FDS") != "1" or os.environ.get("LISTEN_PID") != str(os.getpid()):
+        raise LookupError(f"no {what} from systemd (LISTEN_FDS): use --listen")
+    return socket.socket(fileno=SD_LISTEN_FDS_START)
+
+
+def listen_unix(path: str) -> socket.socket:
+    """A stream socket listening at ``path``, mode 0600 (root's helpers)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        server.bind(path)
+    except OSError:
+        server.close()
+        raise
+    finally:
+        os.umask(old)
+    server.listen(8)
+    return server

@@ -20,14 +20,14 @@ import ctypes
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from vgpud.probes.histograms import CountKey
 from vgpud.probes.layout import LAT_STAT_DROPPED
 
-__all__ = ["BACKING_HANDLERS", "LatencyProbes", "ProbesUnavailable", "find_source",
+__all__ = ["BACKING_HANDLERS", "LatencyProbes", "Probes", "ProbesUnavailable", "find_source",
            "unavailable_reason"]
 
 log = logging.getLogger("vgpud.probes")
@@ -53,6 +53,24 @@ class ProbesUnavailable(Exception):
     """The probes cannot run here; the message says why, for the log and D-Bus."""
 
 
+class Probes(Protocol):
+    """What ProbeService and the vgpud-probes helper use of loaded probes:
+    LatencyProbes in this process, or vgpud.probes.remote.RemoteProbes over the
+    helper's socket. ``waiting``: why the probes are off after ``reattach``
+    said False."""
+
+    attach_points: list[str]
+    waiting: str
+
+    def load(self) -> list[str]: ...
+    def stale(self) -> bool: ...
+    def reattach(self) -> bool: ...
+    def read(self) -> Mapping[CountKey, Sequence[int]]: ...
+    def delete(self, keys: Iterable[CountKey]) -> None: ...
+    def dropped(self) -> int: ...
+    def close(self) -> None: ...
+
+
 def find_source() -> Path:
     """ebpf/ of this checkout, else the installed copy under <prefix>/share/vgpud/ebpf."""
     for base in (Path(__file__).resolve().parents[2], Path(sys.prefix) / "share/vgpud"):
@@ -73,12 +91,30 @@ def effective_caps(status: Path = Path("/proc/self/status")) -> int:
     return 0
 
 
+PERF_PARANOID = Path("/proc/sys/kernel/perf_event_paranoid")
+
+
+def perf_paranoid(path: Path = PERF_PARANOID) -> int:
+    """kernel.perf_event_paranoid (-1 where the kernel has no perf events)."""
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return -1
+
+
 def unavailable_reason(tracefs: Path = TRACEFS, modules: Path = Path("/lib/modules"),
-                       caps: Callable[[], int] = effective_caps) -> str | None:
+                       caps: Callable[[], int] = effective_caps,
+                       paranoid: Callable[[], int] = perf_paranoid) -> str | None:
     """Why the probes cannot be loaded (None: they can be tried), cheapest check first."""
     have = caps()
     if not (have >> CAP_SYS_ADMIN & 1 or (have >> CAP_BPF & 1 and have >> CAP_PERFMON & 1)):
         return "loading BPF programs needs CAP_BPF and CAP_PERFMON, which this process lacks"
+    # Debian's kernels refuse every perf_event_open(2) without CAP_SYS_ADMIN
+    # (not CAP_PERFMON) while the sysctl is 3, their default: bcc attaches
+    # through perf events.
+    if not have >> CAP_SYS_ADMIN & 1 and (level := paranoid()) > 2:
+        return (f"kernel.perf_event_paranoid is {level}: attaching needs CAP_SYS_ADMIN, "
+                "which this process lacks (or the sysctl at 2)")
     if not (tracefs / "events").is_dir():
         return f"tracefs is not mounted at {tracefs}"
     if not (tracefs / "events/vgpu").is_dir():
@@ -116,6 +152,7 @@ class LatencyProbes:
         self._tp_ids: dict[str, int | None] = {}
         self._kprobes: dict[str, tuple[str, int]] = {}  # role -> (symbol, address)
         self.attach_points: list[str] = []
+        self.waiting = "waiting for the vgpu tracepoints (module unloaded)"
 
     def load(self) -> list[str]:
         """Compile and attach; the attach points. ProbesUnavailable on failure."""

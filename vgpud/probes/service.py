@@ -12,15 +12,18 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from vgpud.probes.bcc_probes import (
     LatencyProbes,
+    Probes,
     ProbesUnavailable,
     find_source,
     unavailable_reason,
 )
 from vgpud.probes.histograms import Histogram, LatencyBook
+from vgpud.probes.remote import RemoteProbes, helper_reason
 
 __all__ = ["ProbeService"]
 
@@ -29,14 +32,20 @@ log = logging.getLogger("vgpud.probes")
 
 class ProbeService:
     """``tenant_of``: a context's tenant (None: unknown or closed);
-    ``closed_tenant``: that of a recently closed context."""
+    ``closed_tenant``: that of a recently closed context. ``make_probes``
+    is given ``source``, the BPF source (found when None). ``helper``: load
+    the probes in vgpud-probes, over that socket (RemoteProbes), instead."""
 
     def __init__(self, tenant_of: Callable[[int], str | None], *,
                  closed_tenant: Callable[[int], str | None] = lambda _: None,
                  enabled: bool = True,
                  interval: float = 1.0, source: Path | None = None,
                  reason: Callable[[], str | None] = unavailable_reason,
-                 make_probes: Callable[[Path], LatencyProbes] = LatencyProbes) -> None:
+                 make_probes: Callable[[Path], Probes] = LatencyProbes,
+                 helper: Path | None = None) -> None:
+        if helper is not None:
+            source, make_probes = helper, RemoteProbes
+            reason = partial(helper_reason, helper)
         self._tenant_of = tenant_of
         self._closed_tenant = closed_tenant
         self._enabled = enabled
@@ -44,7 +53,10 @@ class ProbeService:
         self._source = source
         self._reason = reason
         self._make_probes = make_probes
-        self._probes: LatencyProbes | None = None
+        self._probes: Probes | None = None
+        # Being loaded: closed by stop, so that a load waiting on the helper
+        # ends with it (the worker thread would hold up the daemon's exit).
+        self._loading: Probes | None = None
         self._task: asyncio.Task[None] | None = None
         self.book = LatencyBook()
         self.status = "off: not started"
@@ -79,13 +91,15 @@ class ProbeService:
         except ProbesUnavailable as exc:
             self._off(str(exc))
             return
-        probes = self._make_probes(source)
+        probes = self._loading = self._make_probes(source)
         try:
             points = await asyncio.to_thread(probes.load)
         except ProbesUnavailable as exc:
             await asyncio.to_thread(probes.close)
             self._off(str(exc))
             return
+        finally:
+            self._loading = None
         self._probes = probes
         self.attach_seconds = time.monotonic() - t0
         self.status = "on: " + ", ".join(points)
@@ -105,8 +119,8 @@ class ProbeService:
             return
         if await asyncio.to_thread(probes.stale):
             if not await asyncio.to_thread(probes.reattach):
-                if self.on:
-                    self.status = "off: waiting for the vgpu tracepoints (module unloaded)"
+                if self.status != f"off: {probes.waiting}":
+                    self.status = f"off: {probes.waiting}"
                     log.warning("latency probes: %s", self.status)
                 return
             self.status = "on: " + ", ".join(probes.attach_points)
@@ -126,11 +140,14 @@ class ProbeService:
 
     async def stop(self) -> None:
         """Detach (the module is no longer pinned once this returns)."""
+        loading = self._loading
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if loading is not None:
+            await asyncio.to_thread(loading.close)
         if self._probes is not None:
             await asyncio.to_thread(self._probes.close)
             self._probes = None

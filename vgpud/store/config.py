@@ -10,6 +10,7 @@
     [probes]
     enabled = true                 # latency probes (bcc), when bcc, headers and tracefs allow
     interval_ms = 1000             # how often the daemon reads their maps
+    helper = "/run/vgpud-probes.sock"  # load them in vgpud-probes (unset: in vgpud itself)
 
     [fs]
     enabled = true                 # the cgroup-style file view (FUSE)
@@ -90,6 +91,16 @@ class ProbeSettings(BaseModel):
 
     enabled: bool = Field(default=True, strict=True)
     interval_ms: Annotated[int, Field(strict=True, ge=100, le=60_000)] = 1000
+    # The vgpud-probes socket: the probes are loaded there (the daemon then needs
+    # no CAP_BPF); None: in this process.
+    helper: Path | None = None
+
+    @field_validator("helper")
+    @classmethod
+    def _helper(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_absolute():
+            raise ValueError(f"the probe helper's socket must be an absolute path, not {value}")
+        return value
 
 
 class FsSettings(BaseModel):

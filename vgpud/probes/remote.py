@@ -1,0 +1,183 @@
+"""RemoteProbes: LatencyProbes' surface over the vgpud-probes helper's socket.
+
+Chosen by ``[probes] helper`` (or ``vgpud --probes-helper``): the daemon then
+needs no CAP_BPF or CAP_PERFMON. One connection per load; the helper
+detaches the probes when it closes. Blocking, like LatencyProbes (ProbeService
+calls it in worker threads); a lock keeps one request in flight. When the
+connection is lost (the helper was restarted or killed) ``stale`` says so and
+``reattach`` connects and loads again: the helper's new map starts from zero,
+so live contexts' counts since their open are lost (closed ones were folded
+already).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from vgpud.probes.bcc_probes import ProbesUnavailable
+from vgpud.probes.histograms import CountKey
+from vgpud.probes.wire import (
+    DELETE_MAX,
+    REPLY_MAX,
+    Op,
+    Reply,
+    Request,
+    Status,
+    WireError,
+    decode_reply,
+    encode_request,
+    frame,
+    frame_length,
+)
+
+__all__ = ["RemoteProbes", "helper_reason"]
+
+CONNECT_TIMEOUT_S = 5.0
+# A LOAD compiles (seconds; 15-20 s in a TCG guest, more when loaded).
+LOAD_TIMEOUT_S = 600.0
+CALL_TIMEOUT_S = 60.0
+
+
+class HelperError(Exception):
+    """The helper refused a request (ERR), or the connection broke."""
+
+
+def helper_reason(path: Path) -> str | None:
+    """Why the helper cannot be asked (None: try it)."""
+    if not path.is_socket():
+        return (f"no probe helper listening at {path} "
+                "(systemctl enable --now vgpud-probes.socket)")
+    return None
+
+
+class RemoteProbes:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.attach_points: list[str] = []
+        self.waiting = "waiting for the vgpu tracepoints (module unloaded)"
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+
+    def _connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(CONNECT_TIMEOUT_S)
+        try:
+            sock.connect(str(self.path))
+        except OSError as exc:
+            sock.close()
+            raise ProbesUnavailable(f"cannot reach the probe helper at {self.path}: "
+                                    f"{exc.strerror or exc}") from exc
+        return sock
+
+    def _call(self, req: Request, timeout: float = CALL_TIMEOUT_S) -> Reply:
+        """One request and its reply; HelperError on ERR or a broken connection
+        (which is then dropped: ``stale`` turns True)."""
+        with self._lock:
+            sock = self._sock
+            if sock is None:
+                raise HelperError(f"not connected to the probe helper at {self.path}")
+            try:
+                sock.settimeout(timeout)
+                sock.sendall(frame(encode_request(req)))
+                body = _recv_exact(sock, frame_length(_recv_exact(sock, 4), REPLY_MAX))
+                reply = decode_reply(req.op, body)
+            except (OSError, WireError) as exc:
+                self._drop()
+                raise HelperError(f"the probe helper at {self.path}: {exc}") from exc
+        if reply.status is Status.OFF:
+            raise ProbesUnavailable(f"{reply.text} (probe helper)")
+        if reply.status is Status.ERR:
+            raise HelperError(f"the probe helper refused {req.op.name}: {reply.text}")
+        return reply
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def load(self) -> list[str]:
+        sock = self._connect()
+        with self._lock:
+            self._drop()
+            self._sock = sock
+        try:
+            _, points = _points(self._call(Request(Op.LOAD), LOAD_TIMEOUT_S))
+        except (HelperError, ProbesUnavailable) as exc:
+            with self._lock:
+                self._drop()
+            raise ProbesUnavailable(str(exc)) from exc
+        self.attach_points = list(points)
+        return self.attach_points
+
+    def stale(self) -> bool:
+        if self._sock is None:
+            return True
+        try:
+            return bool(self._call(Request(Op.STALE)).value)
+        except HelperError:
+            return True
+
+    def reattach(self) -> bool:
+        if self._sock is None:
+            try:
+                self.load()
+            except ProbesUnavailable as exc:
+                self.waiting = f"the probe helper was lost: {exc}"
+                return False
+            return True
+        self.waiting = "waiting for the vgpu tracepoints (module unloaded)"
+        try:
+            ok, points = _points(self._call(Request(Op.REATTACH)))
+        except (HelperError, ProbesUnavailable) as exc:
+            self.waiting = f"the probe helper failed to attach again: {exc}"
+            return False
+        if ok:
+            self.attach_points = points
+        return ok
+
+    def read(self) -> Mapping[CountKey, Sequence[int]]:
+        value = self._call(Request(Op.READ)).value
+        if not isinstance(value, dict):
+            raise HelperError(f"READ answered {value!r:.80}")
+        return value
+
+    def delete(self, keys: Iterable[CountKey]) -> None:
+        todo = list(keys)
+        for i in range(0, len(todo), DELETE_MAX):
+            self._call(Request(Op.DELETE, tuple(todo[i:i + DELETE_MAX])))
+
+    def dropped(self) -> int:
+        value = self._call(Request(Op.DROPPED)).value
+        if not isinstance(value, int):
+            raise HelperError(f"DROPPED answered {value!r:.80}")
+        return value
+
+    def close(self) -> None:
+        """Disconnect (the helper detaches); a request in flight fails at once."""
+        sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        with self._lock:
+            self._drop()
+
+
+def _points(reply: Reply) -> tuple[bool, list[str]]:
+    if not isinstance(reply.value, tuple):
+        raise HelperError(f"no attach points in {reply.value!r:.80}")
+    return reply.value
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        chunk = sock.recv(min(n - got, 1 << 20))
+        if not chunk:
+            raise ConnectionResetError("the probe helper closed the connection")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
