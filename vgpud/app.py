@@ -95,11 +95,13 @@ class Subscriptions:
 
 def build_quota(config_path: Path | None = None, dbus: str = "try",
                 inventory: Callable[[], list[GpuInfo]] = discover, *, probes: bool = True,
-                fs: bool = True) -> tuple[SchedPolicy, App]:
+                fs: bool = True,
+                probes_helper: Path | None = None) -> tuple[SchedPolicy, App]:
     """The quota daemon's policy and the App around it (see the module doc);
     StartupError on a bad config or state file. ``probes`` False: no latency
     probes, whatever the config says (--no-probes); ``fs`` False: no file
-    view (--no-fs)."""
+    view (--no-fs); ``probes_helper``: load them in vgpud-probes over this
+    socket, whatever the config says (--probes-helper)."""
     config_path = config_path or DEFAULT_CONFIG_PATH
     try:
         config = load_config(config_path)
@@ -123,7 +125,8 @@ def build_quota(config_path: Path | None = None, dbus: str = "try",
     probe_service = ProbeService(quota.context_tenant,
                                  closed_tenant=quota.closed_context_tenant,
                                  enabled=probes and config.probes.enabled,
-                                 interval=config.probes.interval_ms / 1000)
+                                 interval=config.probes.interval_ms / 1000,
+                                 helper=probes_helper or config.probes.helper)
     app = App(manager, quota, tracker, scheduler, journal=journal, dbus=dbus, cgroups=cgroups,
               probes=probe_service)
     app.fs_wanted = fs and config.fs.enabled
@@ -140,9 +143,9 @@ def build_quota(config_path: Path | None = None, dbus: str = "try",
     subs.add(tracker.observers, scheduler)
     subs.add(manager.observers, scheduler)
     if config.metrics.enabled:
-        # Imported here, before READY=1, not when the metrics start: loading
-        # prometheus_client takes seconds in a slow guest, which upcalls must
-        # not wait for.
+        # Imported here, before READY=1, not when the metrics start: imports
+        # take seconds in a slow guest, which upcalls must not wait for.
+        # (prometheus_client is loaded by the exporter process alone.)
         from vgpud.metrics.sources import DeniedCounts
 
         app.denied = DeniedCounts()
@@ -271,7 +274,11 @@ class App:
         # Here, not at the top: mfusepy loads libfuse, which --no-fs need not.
         # In a worker thread: the import takes seconds in a slow guest, and the
         # loop is answering upcalls by now.
-        module = await asyncio.to_thread(importlib.import_module, "vgpud.fsview.service")
+        try:
+            module = await asyncio.to_thread(importlib.import_module, "vgpud.fsview.service")
+        except (ImportError, OSError) as exc:  # mfusepy raises OSError without libfuse
+            log.error("file view not mounted: %s (Debian: apt-get install libfuse3-3)", exc)
+            return
         bus_ids = {gpu.number: gpu.bus_id for gpu in self.inventory if gpu.bus_id}
         fs = module.FsView(self.manager, self.quota.ledger, self.scheduler,
                            self.manager.config.fs, bus_ids=bus_ids)

@@ -83,3 +83,15 @@ def test_within_one_component_it_agrees_with_fnmatch(path: list[str], pattern: l
         return
     expect = all(fnmatch.fnmatchcase(p, c) for p, c in zip(path, pattern, strict=True))
     assert (rx.fullmatch("/" + "/".join(path)) is not None) == expect
+
+
+def test_bad_ranges_are_value_errors() -> None:
+    """A reversed range is a clear error, not re.error; a range that spans
+    '/' would let a class cross components."""
+    with pytest.raises(ValueError, match="bad \\[class\\]"):
+        compile_glob("/a[?-.]")
+    with pytest.raises(ValueError, match="cannot match '/'"):
+        compile_glob("/a[.-0]b")
+    with pytest.raises(ValueError, match="bad \\[class\\]"):
+        MatchRule(cgroup="/k[z-a]")
+    assert glob_matches("/a[!.-0]", "/ax") and not glob_matches("/a[!.-0]", "/a/")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import importlib
 import logging
 import os
 import signal
@@ -226,3 +227,19 @@ def test_restart_keeps_every_charge_when_the_module_cannot_list(
     assert again.admin.manager.usage("a")[0].charged == 768 * MIB
     assert "every restored charge is kept" in caplog.text
     again.close()
+
+
+def test_without_libfuse_the_view_is_off_and_the_daemon_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """mfusepy raises OSError at import where libfuse is not installed: a log
+    line, not a daemon that dies at every start."""
+    _policy, app = build_quota(write_config(tmp_path), "off", inventory)
+    assert app.fs_wanted
+
+    def no_libfuse(name: str) -> object:
+        raise OSError("Unable to find libfuse")
+
+    monkeypatch.setattr(importlib, "import_module", no_libfuse)
+    run(app.start_fs(None))  # type: ignore[arg-type]  # not reached without the module
+    assert app.fs is None
+    assert "file view not mounted: Unable to find libfuse" in caplog.text

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -53,12 +54,10 @@ NVSIM_OPTIONS = Path("/etc/modprobe.d/zz-vgpu-over-nvsim.conf")
 # Shorter than the shipped 30 s, long enough for a loaded TCG guest's event
 # loop to keep pinging.
 WATCHDOG_S = 20
+VIEW = Path("/run/vgpud/fs")  # the shipped [fs] mountpoint
 CONFIG_TEXT = """\
 [daemon]
 admin_group = "vgpu-admin"
-
-[fs]
-enabled = false
 
 [[tenant]]
 name = "a"
@@ -68,7 +67,7 @@ match = [{{ uid = {uid} }}]
 
 
 @pytest.fixture(scope="module")
-def system() -> Iterator[None]:
+def system(request: pytest.FixtureRequest) -> Iterator[None]:
     """The simulated host, vgpu not loaded and vgpud not started."""
     sh("systemctl", "is-system-running", "--wait", check=False)
     assert not loaded("vgpu")
@@ -80,9 +79,16 @@ def system() -> Iterator[None]:
     CONFIG.write_text(CONFIG_TEXT.format(memory="1GiB", uid=TENANT_UID))
     insmod(NVSIM_KO, "gpus=2", "mem_mib=1024")
     wait_path(NVSIM_DIR / "nvidiactl")
+    # As docs/operations.md says: the file view's mount helper is socket-activated.
+    sh("systemctl", "enable", "--now", "vgpud-fsmount.socket")
     # A loaded TCG guest can take minutes to start Python: no start timeout.
     set_dropin("test", f"[Service]\nWatchdogSec={WATCHDOG_S}\nTimeoutStartSec=infinity\n")
     yield
+    if request.session.testsfailed:  # what CI's log needs to tell why
+        print(sh("systemctl", "status", "--no-pager", "--full", "--lines=0", "vgpud",
+                 check=False).stdout)
+        for unit in ("vgpud.service", "vgpud-fsmount@*.service"):
+            print(f"\n--- journal of {unit} ---\n" + "\n".join(journal(unit)[-150:]))
     sh("systemctl", "stop", "vgpud", check=False)
     for module in ("vgpu", "nvsim"):
         assert rmmod(module).returncode == 0, f"rmmod {module}"
@@ -224,6 +230,31 @@ def test_watchdog_restarts_a_daemon_that_stops_answering(started: float) -> None
     assert int(show("NRestarts")["NRestarts"]) == restarts + 1
     assert any("Watchdog timeout" in line for line in journal())
     assert used() == 0 and tenant()["memory_limit"] == "768MiB"
+
+
+def test_the_file_view_is_mounted_by_the_helper(started: float) -> None:
+    """[fs] on, as shipped: vgpud, which has no CAP_SYS_ADMIN, had
+    vgpud-fsmount@.service mount the view, and had it mounted again after the
+    restarts above. Everyone reads; the kernel lets the admin group write and
+    refuses others; a write is applied like vgpuctl's."""
+    wait_until(lambda: os.path.ismount(VIEW) and (VIEW / "gpus").exists(), "file view mounted")
+    assert any("Started" in line for line in journal("vgpud-fsmount@*.service"))
+    dmem = VIEW / "tenants" / "a" / "dmem.max"
+
+    def limits(user: str) -> set[str]:
+        lines = sh("cat", str(dmem), user=user).stdout.splitlines()
+        assert lines and all(re.fullmatch(r"nvidia/\S+/vidmem [0-9]+", s) for s in lines), lines
+        return {s.rsplit(" ", 1)[1] for s in lines}
+
+    assert limits("vgpu-other") == {str(768 * MiB)}
+    refused = sh("sh", "-c", f"echo {512 * MiB} > {dmem}", user="vgpu-other", check=False)
+    assert refused.returncode != 0 and "Permission denied" in refused.stderr, refused
+    assert limits("vgpu-other") == {str(768 * MiB)}
+    sh("sh", "-c", f"echo {512 * MiB} > {dmem}", user="vgpu-op")
+    assert limits("vgpu-tenant") == {str(512 * MiB)}
+    assert tenant()["memory_limit"] in ("512MiB", str(512 * MiB))
+    vgpuctl("tenant", "set", "a", "--memory", "768MiB")
+    assert limits("vgpu-other") == {str(768 * MiB)}
 
 
 def test_the_loaded_unit_scores_within_bound(started: float) -> None:

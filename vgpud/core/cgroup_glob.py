@@ -28,10 +28,14 @@ def _class(pattern: str, i: int) -> tuple[str, int] | None:
     if j >= len(pattern):
         return None
     members = pattern[start:j].replace("\\", "\\\\").replace("^", "\\^").replace("[", "\\[")
-    if "/" in members and not negate:
-        raise ValueError(f"cgroup glob {pattern!r}: a [class] cannot match '/'")
     body = f"^/{members}" if negate else members
-    return f"[{body}]", j + 1
+    try:
+        cls = re.compile(f"[{body}]")
+    except re.error as exc:  # a reversed range: "[z-a]"
+        raise ValueError(f"cgroup glob {pattern!r}: bad [class]: {exc}") from None
+    if cls.fullmatch("/"):  # "/" itself, or in a range: "[.-0]"
+        raise ValueError(f"cgroup glob {pattern!r}: a [class] cannot match '/'")
+    return cls.pattern, j + 1
 
 
 @lru_cache(maxsize=1024)
