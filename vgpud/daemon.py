@@ -127,12 +127,20 @@ class Daemon:
             return EX_UNAVAILABLE
         finally:
             self._startup = None
-        if self.app is not None:
-            self.app.start_scheduling(channel)
-            self.app.start_probes()
-            await self.app.start_metrics(self.dispatcher, channel)
-            await self.app.start_fs(channel)
-        await self._run(channel)
+        # From READY=1 on, systemd expects WATCHDOG=1 within WatchdogSec, and
+        # the file view's start can take longer than that in a slow guest.
+        interval = watchdog_interval()
+        pinger = asyncio.create_task(self._watchdog(interval)) if interval else None
+        try:
+            if self.app is not None:
+                self.app.start_scheduling(channel)
+                self.app.start_probes()
+                await self.app.start_metrics(self.dispatcher, channel)
+                await self.app.start_fs(channel)
+            await self._run(channel)
+        finally:
+            if pinger is not None:
+                pinger.cancel()
         await self._stop(channel)
         return 1 if self._force else 0
 
@@ -152,17 +160,14 @@ class Daemon:
         return channel
 
     async def _run(self, channel: GenlChannel) -> None:
-        """Serve until a signal or the channel's loss; the watchdog meanwhile."""
+        """Serve until a signal or the channel's loss."""
         assert self._exit is not None
         async with asyncio.TaskGroup() as tasks:
             stopped = tasks.create_task(self._exit.wait())
             lost = tasks.create_task(channel.wait_closed())
-            interval = watchdog_interval()
-            watchdog = tasks.create_task(self._watchdog(interval)) if interval else None
             await asyncio.wait([stopped, lost], return_when=asyncio.FIRST_COMPLETED)
-            for task in (stopped, lost, watchdog):
-                if task is not None:
-                    task.cancel()
+            for task in (stopped, lost):
+                task.cancel()
         if not lost.cancelled():
             log.error("lost the netlink channel")
 

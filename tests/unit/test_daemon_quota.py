@@ -243,3 +243,32 @@ def test_without_libfuse_the_view_is_off_and_the_daemon_goes_on(
     run(app.start_fs(None))  # type: ignore[arg-type]  # not reached without the module
     assert app.fs is None
     assert "file view not mounted: Unable to find libfuse" in caplog.text
+
+
+def test_the_watchdog_is_fed_while_the_file_view_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """systemd counts WatchdogSec from READY=1: a file view whose start takes
+    longer (a slow mount helper) must not get the daemon killed."""
+    monkeypatch.setenv("WATCHDOG_USEC", "20000")
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    world = QuotaWorld(tmp_path, "off")
+    mounted = asyncio.Event()
+
+    async def slow_start_fs(channel: object) -> None:
+        await mounted.wait()
+
+    monkeypatch.setattr(world.admin, "start_fs", slow_start_fs)
+
+    async def main() -> None:
+        serving = asyncio.create_task(world.daemon().serve())
+        assert (await world.notification()).startswith("READY=1")
+        assert await world.notification() == "WATCHDOG=1"
+        assert await world.notification() == "WATCHDOG=1"  # the view still not started
+        mounted.set()
+        os.kill(os.getpid(), signal.SIGTERM)
+        while await world.notification() != "STOPPING=1":
+            pass
+        assert await serving == 0
+
+    run(main())
+    world.close()
