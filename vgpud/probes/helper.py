@@ -157,9 +157,26 @@ def _discard(conn: socket.socket, n: int) -> bool:
     return True
 
 
+REFUSE_DRAIN_S = 1.0
+
+
 def _refuse(conn: socket.socket, why: str) -> None:
     with contextlib.suppress(OSError):
         conn.sendall(frame(encode_reply(Op.LOAD, Reply(Status.ERR, text=why))))
+
+
+def _turn_away(conn: socket.socket, why: str) -> None:
+    """Answer ERR, then read what the peer sent (for at most REFUSE_DRAIN_S)
+    before the caller closes: closing a Unix socket with its request unread
+    resets the peer, whose reply may then be lost (ECONNRESET, no reason)."""
+    _refuse(conn, why)
+    with contextlib.suppress(OSError):
+        conn.shutdown(socket.SHUT_WR)
+        deadline = time.monotonic() + REFUSE_DRAIN_S
+        while (left := deadline - time.monotonic()) > 0:
+            conn.settimeout(left)
+            if not conn.recv(4096):
+                break
 
 
 def serve_connection(conn: socket.socket, session: Session) -> None:
@@ -168,7 +185,7 @@ def serve_connection(conn: socket.socket, session: Session) -> None:
         uid = peer_uid(conn)
         if uid != 0:
             log.error("refused a connection from uid %d", uid)
-            _refuse(conn, f"uid {uid} is not root")
+            _turn_away(conn, f"uid {uid} is not root")
             return
         while True:
             conn.settimeout(None)  # the daemon asks every probes.interval_ms
