@@ -20,6 +20,7 @@ import os
 import re
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,6 +59,10 @@ VIEW = Path("/run/vgpud/fs")  # the shipped [fs] mountpoint
 CONFIG_TEXT = """\
 [daemon]
 admin_group = "vgpu-admin"
+
+[metrics]
+enabled = true
+listen = "127.0.0.1:9400"
 
 [[tenant]]
 name = "a"
@@ -255,6 +260,34 @@ def test_the_file_view_is_mounted_by_the_helper(started: float) -> None:
     assert tenant()["memory_limit"] in ("512MiB", str(512 * MiB))
     vgpuctl("tenant", "set", "a", "--memory", "768MiB")
     assert limits("vgpu-other") == {str(768 * MiB)}
+
+
+def scrape_metric(line_start: str) -> float | None:
+    """The value of the sample whose line starts with ``line_start``, or None."""
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:9400/metrics", timeout=30) as reply:
+            body = reply.read().decode()
+    except OSError:
+        return None
+    return next((float(s.rsplit(" ", 1)[1]) for s in body.splitlines()
+                 if s.startswith(line_start)), None)
+
+
+def test_metrics_are_served_from_inside_the_sandbox(started: float) -> None:
+    """[metrics] on: the exporter child of the sandboxed daemon (IPAddressAllow=
+    localhost) answers a scrape on loopback with the tenant's exact figures,
+    after the restarts above."""
+    limit = 'vgpud_memory_limit_bytes{gpu="0",gpu_uuid="",tenant="a"}'
+    used_0 = 'vgpud_memory_used_bytes{gpu="0",gpu_uuid="",tenant="a"}'
+    wait_until(lambda: scrape_metric(limit) == 768 * MiB, "the limit scraped", timeout=300)
+    holder = Holder("128MiB", 1)
+    try:
+        assert holder.statuses() == [0]
+        holder.wait_holding()
+        wait_until(lambda: scrape_metric(used_0) == 128 * MiB, "the charge scraped")
+    finally:
+        holder.release()
+    wait_until(lambda: scrape_metric(used_0) == 0, "the release scraped")
 
 
 def test_the_loaded_unit_scores_within_bound(started: float) -> None:
