@@ -12,16 +12,26 @@
  * group and wakes the kthread to sleep to that group's deadline.  Work
  * submitted to an idle engine starts the same way, at the submission.
  *
+ * PREEMPT (NVA06C_CTRL_CMD_PREEMPT) of the running group ends its slice at
+ * once: it goes to the tail of the list and the engine spends ctxsw_us
+ * (module parameter) switching, running nothing, before it starts the next
+ * runnable group.  PREEMPT of a group that is not running changes nothing.
+ * Slices that end on time or run out of work switch at no cost, as before.
+ *
  * Accounting is measured ktime: every change of state first charges the
- * time since the engine's last mark, to the running group (busy, taken
- * from its pending work) or to idle, and to every group turned off while
- * it has pending work (wait: the time a scheduler kept it from running).
- * Readers charge too, so counters are exact at the moment they are read,
- * and per engine busy + idle is the time since load.  A slice that
- * overruns its end (timer latency, a stalled CPU) is charged in full and
- * the overrun is owed: it shortens the group's next slices, a whole turn
- * being skipped for each slice owed (up to NVSIM_MAX_DEBT_SLICES), so
- * shares follow the time slices on average.
+ * time since the engine's last mark, to the engine's context switch in
+ * progress (switch_ns), else to the running group (busy, taken from its
+ * pending work) or to idle; and to every other group with pending work:
+ * turned off (wait: the time a scheduler kept it from running), or on and
+ * not running (ready: the time the engine's round robin kept it waiting).
+ * A group given work when it had none notes the time; its first engine
+ * time after that adds the submit-to-run latency to wake_sum_ns, wake_n
+ * and wake_max_ns.  Readers charge too, so counters are exact at the
+ * moment they are read, and per engine busy + idle + switch is the time
+ * since load.  A slice that overruns its end (timer latency, a stalled
+ * CPU) is charged in full and the overrun is owed: it shortens the group's
+ * next slices, a whole turn being skipped for each slice owed (up to
+ * NVSIM_MAX_DEBT_SLICES), so shares follow the time slices on average.
  *
  * Lifetimes: a group lives in its TSG object (nvsim_obj.tsg).  The object
  * is freed under nvsim_lock after nvsim_group_remove() has taken the group
@@ -37,6 +47,7 @@
 #include <linux/ktime.h>
 #include <linux/list.h>
 #include <linux/minmax.h>
+#include <linux/moduleparam.h>
 #include <linux/proc_fs.h>
 #include <linux/sched.h>
 #include <linux/seq_file.h>
@@ -53,13 +64,38 @@
 #define NVSIM_MAX_SLICE_US	(10 * USEC_PER_SEC)
 /* Overrun a group may owe, in slices (it bounds the skips of one pick). */
 #define NVSIM_MAX_DEBT_SLICES	8
+/*
+ * Timeslice bounds.  NVIDIA's kfifoChannelGroupSetTimeslice_IMPL
+ * (src/nvidia/src/kernel/gpu/fifo/kernel_fifo.c) refuses a timeslice below
+ * kfifoRunlistGetMinTimeSlice_HAL() with NV_ERR_NOT_SUPPORTED and changes
+ * nothing; that HAL is 0 on the chips of the open modules
+ * (src/nvidia/generated/g_kernel_fifo_nvoc.h), and the physical RM's own
+ * check runs in GSP firmware.  nvsim's minimum is 1 us (a slice of 0 would
+ * never run anything), with the same status.  There is no maximum status:
+ * ctrla06c.h says the value is rounded down to one the hardware takes, and
+ * GET_TIMESLICE returns the value set; the engine runs at most
+ * NVSIM_MAX_SLICE_US of it.
+ */
+#define NVSIM_MIN_TIMESLICE_US	1
+/* Bound on ctxsw_us: a context switch is tens of us; 100 ms is absurd. */
+#define NVSIM_MAX_CTXSW_US	100000
 
 #define NVSIM_PROC_DIR		"driver/nvsim"
 
 /*
+ * Cost of a PREEMPT's context switch: the engine runs nothing meanwhile.
+ * 50 us is in the range published for NVIDIA compute preemption (GPreempt,
+ * ATC'25: under 40 us; XSched, OSDI'25: 32 us p99) plus the restart.
+ */
+static unsigned int nvsim_ctxsw_us = 50;
+module_param_named(ctxsw_us, nvsim_ctxsw_us, uint, 0444);
+MODULE_PARM_DESC(ctxsw_us, "Context switch time of a PREEMPT, in us (default 50, at most 100000)");
+
+/*
  * One GPU's engine.  @lock protects everything below it and, for each
- * group on @groups, the group's node, enabled, timeslice_us, pending_ns,
- * busy_ns and debt_ns.  It is a spinlock, taken from process context only
+ * group on @groups, the group's node, enabled, timeslice_us and its
+ * counters (pending_ns, busy_ns, wait_ns, debt_ns, preempts, ready_ns and
+ * the wake_* fields).  It is a spinlock, taken from process context only
  * (ioctls, proc reads, the kthread), never held while sleeping; it nests
  * inside nvsim_lock.
  */
@@ -71,10 +107,13 @@ struct nvsim_engine {
 	struct nvsim_group *last;	/* last group run; for switches */
 	ktime_t mark;			/* time charged up to */
 	ktime_t slice_end;		/* of the running group */
+	ktime_t switch_end;		/* of a PREEMPT's context switch */
 	bool kick;			/* the kthread must pick again */
 	u64 busy_ns;
 	u64 idle_ns;
+	u64 switch_ns;			/* in PREEMPT context switches */
 	u64 switches;
+	u64 preempts;
 };
 
 static struct nvsim_engine nvsim_engines[NVSIM_MAX_GPUS];
@@ -94,23 +133,47 @@ static void nvsim_engine_charge(struct nvsim_engine *eng)
 {
 	ktime_t now = ktime_get();
 	struct nvsim_group *g = eng->running, *w;
-	u64 delta = 0, work = 0;
+	u64 delta = 0, sw = 0, work = 0;
 
 	if (ktime_after(now, eng->mark))
 		delta = ktime_to_ns(ktime_sub(now, eng->mark));
+	if (ktime_after(eng->switch_end, eng->mark))
+		sw = min_t(u64, delta,
+			   ktime_to_ns(ktime_sub(eng->switch_end, eng->mark)));
 	eng->mark = now;
 	if (g) {
-		work = min(delta, g->pending_ns);
+		work = min(delta - sw, g->pending_ns);
 		g->pending_ns -= work;
 		g->busy_ns += work;
 		if (work && !g->pending_ns)
 			trace_nvsim_group_work(g->hclient, g->hgroup, 0);
 	}
+	eng->switch_ns += sw;
 	eng->busy_ns += work;
-	eng->idle_ns += delta - work;
-	list_for_each_entry(w, &eng->groups, node)
-		if (!w->enabled && w->pending_ns)
+	eng->idle_ns += delta - sw - work;
+	list_for_each_entry(w, &eng->groups, node) {
+		if (!w->pending_ns || w == g)
+			continue;
+		if (w->enabled)
+			w->ready_ns += delta;
+		else
 			w->wait_ns += delta;
+	}
+}
+
+/* @g gets engine time from eng->mark: ends a submit-to-run wait. */
+static void nvsim_group_woken(struct nvsim_engine *eng, struct nvsim_group *g)
+{
+	u64 lat = 0;
+
+	if (!g->waking)
+		return;
+	if (ktime_after(eng->mark, g->wake_at))
+		lat = ktime_to_ns(ktime_sub(eng->mark, g->wake_at));
+	g->waking = false;
+	g->wake_sum_ns += lat;
+	g->wake_n++;
+	g->wake_max_ns = max(g->wake_max_ns, lat);
 }
 
 /* Asks the kthread to pick again; eng->lock. */
@@ -132,9 +195,10 @@ static struct nvsim_group *nvsim_engine_first_runnable(struct nvsim_engine *eng)
 
 /*
  * The group to run from now, charged up to now, and until when; NULL when
- * none is runnable.  The running group keeps the rest of its slice while
- * it has work; otherwise the next runnable group in list order starts a
- * new slice.  eng->lock.
+ * none is runnable or a context switch is in progress (then *until is its
+ * end; else KTIME_MAX).  The running group keeps the rest of its slice
+ * while it has work; otherwise the next runnable group in list order
+ * starts a new slice.  eng->lock.
  */
 static struct nvsim_group *nvsim_engine_pick(struct nvsim_engine *eng,
 					     ktime_t *until)
@@ -143,6 +207,11 @@ static struct nvsim_group *nvsim_engine_pick(struct nvsim_engine *eng,
 	ktime_t now = eng->mark;
 	u64 slice;
 
+	*until = KTIME_MAX;
+	if (!g && ktime_before(now, eng->switch_end)) {
+		*until = eng->switch_end;
+		return NULL;
+	}
 	if (g) {
 		if (nvsim_group_runnable(g) && ktime_before(now, eng->slice_end))
 			goto run;
@@ -172,6 +241,7 @@ static struct nvsim_group *nvsim_engine_pick(struct nvsim_engine *eng,
 	eng->slice_end = ktime_add_ns(now, slice - g->debt_ns);
 	g->debt_ns = 0;
 run:
+	nvsim_group_woken(eng, g);
 	*until = ktime_add_ns(now, g->pending_ns);
 	if (ktime_before(eng->slice_end, *until))
 		*until = eng->slice_end;
@@ -217,7 +287,7 @@ static int nvsim_engine_thread(void *data)
 		WRITE_ONCE(eng->kick, false);
 		g = nvsim_engine_pick(eng, &until);
 		spin_unlock(&eng->lock);
-		nvsim_engine_sleep(eng, g ? &until : NULL);
+		nvsim_engine_sleep(eng, until != KTIME_MAX ? &until : NULL);
 	}
 	return 0;
 }
@@ -237,7 +307,14 @@ void nvsim_group_add(struct nvsim_group *g, const struct nvsim_gpu *gpu,
 	g->timeslice_us = NVA06C_DEFAULT_TIMESLICE_US;
 	g->pending_ns = 0;
 	g->busy_ns = 0;
+	g->wait_ns = 0;
 	g->debt_ns = 0;
+	g->preempts = 0;
+	g->ready_ns = 0;
+	g->waking = false;
+	g->wake_sum_ns = 0;
+	g->wake_n = 0;
+	g->wake_max_ns = 0;
 	spin_lock(&eng->lock);
 	list_add_tail(&g->node, &eng->groups);
 	spin_unlock(&eng->lock);
@@ -277,12 +354,46 @@ void nvsim_group_set_enabled(struct nvsim_group *g, bool enabled)
 	spin_unlock(&eng->lock);
 }
 
-/* Takes effect at the group's next slice. */
-void nvsim_group_set_timeslice(struct nvsim_group *g, u64 us)
+/* Takes effect at the group's next slice; bounds: NVSIM_MIN_TIMESLICE_US. */
+u32 nvsim_group_set_timeslice(struct nvsim_group *g, u64 us)
 {
+	if (us < NVSIM_MIN_TIMESLICE_US)
+		return NV_ERR_NOT_SUPPORTED;
 	spin_lock(&g->eng->lock);
 	g->timeslice_us = us;
 	spin_unlock(&g->eng->lock);
+	return NV_OK;
+}
+
+/*
+ * NVA06C_CTRL_CMD_PREEMPT.  The params as ctrla06c.h defines them: a
+ * manual timeout above NVA06C_CTRL_CMD_PREEMPT_MAX_MANUAL_TIMEOUT_US is
+ * NV_ERR_INVALID_ARGUMENT, one of the statuses it lists (the open kernel
+ * RM only exports the control, g_kernel_channel_group_api_nvoc.c; its
+ * checks are not in the open sources).
+ * The preemption is done when this returns, so bWait has nothing to wait
+ * for.  Only the running group is taken off; any other is NV_OK untouched.
+ */
+u32 nvsim_group_preempt(struct nvsim_group *g,
+			const struct nva06c_preempt_params *p)
+{
+	struct nvsim_engine *eng = g->eng;
+
+	if (p->b_manual_timeout &&
+	    p->timeout_us > NVA06C_CTRL_CMD_PREEMPT_MAX_MANUAL_TIMEOUT_US)
+		return NV_ERR_INVALID_ARGUMENT;
+	spin_lock(&eng->lock);
+	nvsim_engine_charge(eng);
+	if (eng->running == g) {
+		g->preempts++;
+		eng->preempts++;
+		list_move_tail(&g->node, &eng->groups);
+		eng->running = NULL;
+		eng->switch_end = ktime_add_us(eng->mark, nvsim_ctxsw_us);
+		nvsim_engine_kick(eng);
+	}
+	spin_unlock(&eng->lock);
+	return NV_OK;
 }
 
 u64 nvsim_group_timeslice(struct nvsim_group *g)
@@ -311,6 +422,10 @@ u32 nvsim_group_submit(struct nvsim_group *g, u64 ns)
 	if (ns > NVSIM_MAX_PENDING_NS - g->pending_ns) {
 		st = NV_ERR_INSUFFICIENT_RESOURCES;
 	} else {
+		if (!g->pending_ns) {
+			g->wake_at = eng->mark;
+			g->waking = true;
+		}
 		g->pending_ns += ns;
 		trace_nvsim_group_work(g->hclient, g->hgroup, g->pending_ns);
 		nvsim_engine_resched(eng);
@@ -339,17 +454,18 @@ static int nvsim_groups_show(struct seq_file *m, void *v)
 	struct nvsim_group *g;
 	unsigned int i;
 
-	seq_puts(m, "gpu client group tgid enabled timeslice_us pending_ns busy_ns wait_ns\n");
+	seq_puts(m, "gpu client group tgid enabled timeslice_us pending_ns busy_ns wait_ns preempts ready_ns wake_sum_ns wake_n wake_max_ns\n");
 	for (i = 0; i < nvsim_ngpus; i++) {
 		struct nvsim_engine *eng = &nvsim_engines[i];
 
 		spin_lock(&eng->lock);
 		nvsim_engine_charge(eng);
 		list_for_each_entry(g, &eng->groups, node)
-			seq_printf(m, "%u 0x%x 0x%x %d %d %llu %llu %llu %llu\n",
+			seq_printf(m, "%u 0x%x 0x%x %d %d %llu %llu %llu %llu %llu %llu %llu %llu %llu\n",
 				   i, g->hclient, g->hgroup, g->tgid, g->enabled,
 				   g->timeslice_us, g->pending_ns, g->busy_ns,
-				   g->wait_ns);
+				   g->wait_ns, g->preempts, g->ready_ns,
+				   g->wake_sum_ns, g->wake_n, g->wake_max_ns);
 		spin_unlock(&eng->lock);
 	}
 	return 0;
@@ -359,14 +475,15 @@ static int nvsim_engines_show(struct seq_file *m, void *v)
 {
 	unsigned int i;
 
-	seq_puts(m, "gpu busy_ns idle_ns switches\n");
+	seq_puts(m, "gpu busy_ns idle_ns switches switch_ns preempts\n");
 	for (i = 0; i < nvsim_ngpus; i++) {
 		struct nvsim_engine *eng = &nvsim_engines[i];
 
 		spin_lock(&eng->lock);
 		nvsim_engine_charge(eng);
-		seq_printf(m, "%u %llu %llu %llu\n", i, eng->busy_ns,
-			   eng->idle_ns, eng->switches);
+		seq_printf(m, "%u %llu %llu %llu %llu %llu\n", i, eng->busy_ns,
+			   eng->idle_ns, eng->switches, eng->switch_ns,
+			   eng->preempts);
 		spin_unlock(&eng->lock);
 	}
 	return 0;
@@ -387,6 +504,8 @@ int nvsim_engine_init(void)
 	unsigned int i;
 	int ret;
 
+	if (nvsim_ctxsw_us > NVSIM_MAX_CTXSW_US)
+		return -EINVAL;
 	for (i = 0; i < nvsim_ngpus; i++) {
 		struct nvsim_engine *eng = &nvsim_engines[i];
 

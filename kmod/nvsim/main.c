@@ -204,6 +204,8 @@ static void __init nvsim_abi_check(void)
 	BUILD_BUG_ON(offsetof(struct nvos33_with_fd, p_linear_address) != 32);
 	BUILD_BUG_ON(offsetof(struct nvos33_with_fd, fd) != 48);
 	BUILD_BUG_ON(sizeof(struct nvos34) != 32);
+	BUILD_BUG_ON(sizeof(struct nva06c_preempt_params) != 8);
+	BUILD_BUG_ON(offsetof(struct nva06c_preempt_params, timeout_us) != 4);
 	BUILD_BUG_ON(offsetof(struct nvos34, status) != 24);
 	BUILD_BUG_ON(sizeof(struct nvos02_with_fd) != 56);
 	BUILD_BUG_ON(offsetof(struct nvos02_with_fd, limit) != 32);

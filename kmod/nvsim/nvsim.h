@@ -20,6 +20,7 @@
 
 #include <linux/fs.h>
 #include <linux/kref.h>
+#include <linux/ktime.h>
 #include <linux/list.h>
 #include <linux/mutex.h>
 #include <linux/types.h>
@@ -145,6 +146,13 @@ struct nvsim_group {
 	u64 busy_ns;			/* work run */
 	u64 wait_ns;			/* off (GPFIFO_SCHEDULE) with pending work */
 	u64 debt_ns;			/* slice overrun owed */
+	u64 preempts;			/* taken off the engine by PREEMPT */
+	u64 ready_ns;			/* on, with pending work, not running */
+	ktime_t wake_at;		/* work came to a group with none pending */
+	bool waking;			/* wake_at set, first engine time to come */
+	u64 wake_sum_ns;		/* submit-to-run latencies */
+	u64 wake_n;
+	u64 wake_max_ns;
 };
 
 /*
@@ -222,7 +230,9 @@ void nvsim_group_add(struct nvsim_group *g, const struct nvsim_gpu *gpu,
 		     u32 hclient, u32 hgroup, pid_t tgid);
 void nvsim_group_remove(struct nvsim_group *g);
 void nvsim_group_set_enabled(struct nvsim_group *g, bool enabled);
-void nvsim_group_set_timeslice(struct nvsim_group *g, u64 us);
+u32 nvsim_group_set_timeslice(struct nvsim_group *g, u64 us);
+u32 nvsim_group_preempt(struct nvsim_group *g,
+			const struct nva06c_preempt_params *p);
 u64 nvsim_group_timeslice(struct nvsim_group *g);
 u32 nvsim_group_submit(struct nvsim_group *g, u64 ns);
 void nvsim_group_stats(struct nvsim_group *g, struct nvsim_work_stats_params *p);

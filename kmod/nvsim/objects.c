@@ -702,6 +702,8 @@ static const struct nvsim_ctrl nvsim_ctrls[] = {
 	  sizeof(struct nva06c_timeslice_params) },
 	{ NVA06C_CTRL_CMD_GET_TIMESLICE, NVSIM_OBJ_TSG,
 	  sizeof(struct nva06c_timeslice_params) },
+	{ NVA06C_CTRL_CMD_PREEMPT, NVSIM_OBJ_TSG,
+	  sizeof(struct nva06c_preempt_params) },
 	{ NVSIM_CTRL_CMD_GET_WORK_STATS, NVSIM_OBJ_TSG,
 	  sizeof(struct nvsim_work_stats_params) },
 	{ NV0000_CTRL_CMD_CLIENT_GET_HANDLE_INFO, NVSIM_OBJ_CLIENT,
@@ -829,10 +831,9 @@ static u32 nvsim_ctrl_run(struct nvsim_obj *obj, u32 cmd, void *prm,
 		nvsim_group_set_enabled(&obj->tsg, !!sched->b_enable);
 		return NV_OK;
 	case NVA06C_CTRL_CMD_SET_TIMESLICE:
-		if (!ts->timeslice_us)
-			return NV_ERR_INVALID_ARGUMENT;
-		nvsim_group_set_timeslice(&obj->tsg, ts->timeslice_us);
-		return NV_OK;
+		return nvsim_group_set_timeslice(&obj->tsg, ts->timeslice_us);
+	case NVA06C_CTRL_CMD_PREEMPT:
+		return nvsim_group_preempt(&obj->tsg, prm);
 	case NVA06C_CTRL_CMD_GET_TIMESLICE:
 		ts->timeslice_us = nvsim_group_timeslice(&obj->tsg);
 		return NV_OK;

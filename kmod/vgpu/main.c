@@ -123,6 +123,7 @@ static void __init vgpu_check_abi(void)
 	BUILD_BUG_ON(sizeof(struct vgpu_context) != 40);
 	BUILD_BUG_ON(sizeof(struct vgpu_sched) != 24);
 	BUILD_BUG_ON(offsetof(struct vgpu_sched, enable) != 16);
+	BUILD_BUG_ON(offsetof(struct vgpu_sched, arg) != 20);
 	BUILD_BUG_ON(sizeof(struct vgpu_sched_result) != 8);
 	BUILD_BUG_ON(offsetof(struct vgpu_stats, contexts) != 8);
 	BUILD_BUG_ON(offsetof(struct vgpu_stats, mmaps) != 112);

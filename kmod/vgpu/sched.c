@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * SCHEDULE: turn channel groups on and off through their owners' files.
+ * SCHEDULE: turn channel groups on and off, set their timeslices and
+ * preempt them, through their owners' files.
  *
- * Each entry becomes one RM_CONTROL NVA06C_CTRL_CMD_GPFIFO_SCHEDULE issued
- * on the backing file of the context that owns the RM client, as if the
- * owner had called it. The driver reads NVOS54 and its params from the
+ * Each entry becomes one RM_CONTROL issued on the backing file of the
+ * context that owns the RM client, as if the owner had called it:
+ * NVA06C_CTRL_CMD_GPFIFO_SCHEDULE (ON, OFF, OWNER_OFF), SET_TIMESLICE
+ * (TIMESLICE) or PREEMPT (PREEMPT, bWait 0: the driver preempts and
+ * returns). The driver reads NVOS54 and its params from the
  * current process's user memory, and the generic netlink handler runs in
  * the sender's (the daemon's) process: the blocks live in a small private
  * anonymous mapping of the daemon's mm, made once per message. The daemon's
@@ -53,7 +56,11 @@
 /* What the daemon's mapping holds during one call. */
 struct vgpu_sched_block {
 	struct nvos54 ctl;
-	struct nva06c_gpfifo_schedule_params params;
+	union {
+		struct nva06c_gpfifo_schedule_params sched;
+		struct nva06c_timeslice_params ts;
+		struct nva06c_preempt_params preempt;
+	} params;
 };
 
 /*
@@ -187,7 +194,10 @@ struct file *vgpu_rm_backing(u64 ctx_id, int *err)
 	return backing;
 }
 
-/* One GPFIFO_SCHEDULE through @backing; the blocks go to user @ubuf. */
+/*
+ * One entry's control through @backing; the blocks go to user @ubuf. The
+ * entry was checked (vgpu_sched_check): its op is known.
+ */
 static void vgpu_sched_one(struct file *backing, const struct vgpu_sched *s,
 			   unsigned long ubuf, struct vgpu_sched_result *r)
 {
@@ -196,10 +206,23 @@ static void vgpu_sched_one(struct file *backing, const struct vgpu_sched *s,
 	memset(&blk, 0, sizeof(blk));	/* padding included */
 	blk.ctl.h_client = s->h_client;
 	blk.ctl.h_object = s->h_object;
-	blk.ctl.cmd = NVA06C_CTRL_CMD_GPFIFO_SCHEDULE;
 	blk.ctl.params = ubuf + offsetof(struct vgpu_sched_block, params);
-	blk.ctl.params_size = sizeof(blk.params);
-	blk.params.b_enable = s->enable == VGPU_SCHED_ON;
+	switch (s->enable) {
+	case VGPU_SCHED_TIMESLICE:
+		blk.ctl.cmd = NVA06C_CTRL_CMD_SET_TIMESLICE;
+		blk.ctl.params_size = sizeof(blk.params.ts);
+		blk.params.ts.timeslice_us = s->arg;
+		break;
+	case VGPU_SCHED_PREEMPT:
+		blk.ctl.cmd = NVA06C_CTRL_CMD_PREEMPT;
+		blk.ctl.params_size = sizeof(blk.params.preempt);
+		break;
+	default:
+		blk.ctl.cmd = NVA06C_CTRL_CMD_GPFIFO_SCHEDULE;
+		blk.ctl.params_size = sizeof(blk.params.sched);
+		blk.params.sched.b_enable = s->enable == VGPU_SCHED_ON;
+		break;
+	}
 	r->error = vgpu_rm_call(backing, VGPU_RM_CONTROL, ubuf, &blk,
 				sizeof(blk));
 	if (!r->error)
@@ -213,12 +236,12 @@ static int vgpu_sched_check(const struct vgpu_sched *in, u32 n,
 	u32 i;
 
 	for (i = 0; i < n; i++) {
-		if (in[i].reserved) {
-			*why = "vgpu: SCHED entry with nonzero reserved field";
+		if (in[i].enable > VGPU_SCHED_PREEMPT) {
+			*why = "vgpu: SCHED entry with an unknown op";
 			return -EINVAL;
 		}
-		if (in[i].enable > VGPU_SCHED_OWNER_OFF) {
-			*why = "vgpu: SCHED entry with an unknown enable state";
+		if (in[i].arg && in[i].enable != VGPU_SCHED_TIMESLICE) {
+			*why = "vgpu: SCHED entry with an arg its op does not take";
 			return -EINVAL;
 		}
 	}
@@ -357,8 +380,9 @@ static u32 vgpu_sched_sweep(unsigned long ubuf)
 /*
  * Apply one entry and keep the record of the groups turned off: an "on" or
  * an owner's "off" that succeeds drops the record, an "off" recorded here
- * that fails too. Records are found again by key: a close or a
- * registration may drop them in between. A full table is swept once.
+ * that fails too; a timeslice or a preemption leaves it as it is. Records
+ * are found again by key: a close or a registration may drop them in
+ * between. A full table is swept once.
  */
 static void vgpu_sched_apply(const struct vgpu_sched *s, unsigned long ubuf,
 			     struct vgpu_sched_result *r)
@@ -377,8 +401,19 @@ static void vgpu_sched_apply(const struct vgpu_sched *s, unsigned long ubuf,
 	}
 	vgpu_sched_entry(s, ubuf, r);
 	ok = !r->error && !r->status;
-	if (s->enable == VGPU_SCHED_OFF ? !ok && added : ok)
-		vgpu_sched_off_del(s);
+	switch (s->enable) {
+	case VGPU_SCHED_OFF:
+		if (!ok && added)
+			vgpu_sched_off_del(s);
+		break;
+	case VGPU_SCHED_ON:
+	case VGPU_SCHED_OWNER_OFF:
+		if (ok)
+			vgpu_sched_off_del(s);
+		break;
+	default:
+		break;
+	}
 }
 
 /**
@@ -388,9 +423,11 @@ static void vgpu_sched_apply(const struct vgpu_sched *s, unsigned long ubuf,
  * @out: their results, same order
  * @why: out: on a refused message, a static reason
  *
- * Runs in the sender's process context. An entry whose context is gone
- * gets -ENOENT, one whose context is not a nvidiactl file -EINVAL; the
- * others get the ioctl's error and the driver's status. After a fatal
+ * Runs in the sender's process context. An unknown op, or an arg where
+ * its op takes none, refuses the message (-EINVAL, nothing applied). An
+ * entry whose context is gone gets -ENOENT, one whose context is not a
+ * nvidiactl file -EINVAL; the others get the ioctl's error and the
+ * driver's status. After a fatal
  * signal the entries left get -EINTR.
  *
  * Return: 0 when every entry has a result, else a negative errno (and
@@ -408,6 +445,9 @@ int vgpu_schedule(const struct vgpu_sched *in, u32 n,
 	BUILD_BUG_ON(offsetof(struct nvos54, params) != 16);
 	BUILD_BUG_ON(offsetof(struct nvos54, status) != 28);
 	BUILD_BUG_ON(sizeof(struct nva06c_gpfifo_schedule_params) != 3);
+	BUILD_BUG_ON(sizeof(struct nva06c_timeslice_params) != 8);
+	BUILD_BUG_ON(sizeof(struct nva06c_preempt_params) != 8);
+	BUILD_BUG_ON(offsetof(struct nva06c_preempt_params, timeout_us) != 4);
 	BUILD_BUG_ON(sizeof(struct vgpu_sched_block) > PAGE_SIZE);
 
 	err = vgpu_sched_check(in, n, why);

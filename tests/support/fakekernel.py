@@ -290,9 +290,10 @@ class FakeKernel:
         if not raw or len(raw) % size or len(raw) // size > uapi.SCHED_MAX:
             return errno.EINVAL, "vgpu: SCHED must hold 1 to VGPU_SCHED_MAX struct vgpu_sched"
         fields = list(uapi.SCHED.struct.iter_unpack(raw))
-        if any(reserved or enable > 2 for _c, _h, _o, enable, reserved in fields):
+        if any(enable > uapi.SchedState.PREEMPT or (arg and enable != uapi.SchedState.TIMESLICE)
+               for _c, _h, _o, enable, arg in fields):
             return errno.EINVAL, "vgpu: bad SCHED entry"
-        entries = [uapi.Sched(c, h, o, e) for c, h, o, e, _r in fields]
+        entries = [uapi.Sched(c, h, o, e, a) for c, h, o, e, a in fields]
         self.schedules.append(entries)
         nodes = {c.ctx_id: c.node for c in self.contexts}
         results = []

@@ -81,6 +81,8 @@ FB_USABLE_RAM_SIZE = 0x20
 NVA06C_CTRL_CMD_GPFIFO_SCHEDULE = 0xA06C0101
 NVA06C_CTRL_CMD_SET_TIMESLICE = 0xA06C0103
 NVA06C_CTRL_CMD_GET_TIMESLICE = 0xA06C0104
+NVA06C_CTRL_CMD_PREEMPT = 0xA06C0105
+PREEMPT_MAX_MANUAL_TIMEOUT_US = 1_000_000
 NVSIM_CTRL_CMD_GET_WORK_STATS = 0xA06C01F0  # nvsim-private
 
 # NVOS32 functions and flags
@@ -141,13 +143,14 @@ SUBMIT_WORK = struct.Struct("<IIQII")  # hClient hChannelGroup workNs status res
 WORK_STATS = struct.Struct("<QQII")  # busyNs pendingNs bEnabled timesliceUs
 GPFIFO_SCHEDULE = struct.Struct("<BBB")  # bEnable bSkipSubmit bSkipEnable
 TIMESLICE = struct.Struct("<Q")
+PREEMPT = struct.Struct("<BBxxI")  # bWait bManualTimeout timeoutUs
 
 for _s, _n in (
     (NVOS00, 16), (NVOS21, 32), (NVOS64, 48), (NVOS54, 32), (NVOS33_FD, 56),
     (NVOS34, 32), (NVOS02_FD, 56), (NVOS32_HEAD, 40), (RM_API_VERSION, 72),
     (XFER, 16), (CARD_INFO, 72), (NV0080_ALLOC, 56), (MEM_ALLOC, 128),
     (VASPACE_ALLOC, 56), (TSG_ALLOC, 20), (FABRIC_ALLOC, 48), (FB_INFO, 16), (UVM_INIT, 16),
-    (SUBMIT_WORK, 24), (WORK_STATS, 24), (GPFIFO_SCHEDULE, 3), (TIMESLICE, 8),
+    (SUBMIT_WORK, 24), (WORK_STATS, 24), (GPFIFO_SCHEDULE, 3), (TIMESLICE, 8), (PREEMPT, 8),
 ):
     assert _s.size == _n, (_s.format, _s.size, _n)
 assert NVOS32_HEAD.size + max(NVOS32_ALLOC.size, NVOS32_TILED.size,
@@ -565,8 +568,9 @@ def map_and_mmap(ctl: int, gpu_fd: int, tree_client: int, hdevice: int, hmemory:
 
 PROC_GROUPS = "/proc/driver/nvsim/groups"
 PROC_ENGINES = "/proc/driver/nvsim/engines"
-PROC_GROUPS_HEADER = "gpu client group tgid enabled timeslice_us pending_ns busy_ns wait_ns"
-PROC_ENGINES_HEADER = "gpu busy_ns idle_ns switches"
+PROC_GROUPS_HEADER = ("gpu client group tgid enabled timeslice_us pending_ns busy_ns wait_ns"
+                      " preempts ready_ns wake_sum_ns wake_n wake_max_ns")
+PROC_ENGINES_HEADER = "gpu busy_ns idle_ns switches switch_ns preempts"
 
 
 @dataclass(frozen=True)
@@ -588,6 +592,11 @@ class ProcGroup:
     pending_ns: int
     busy_ns: int
     wait_ns: int  # off (GPFIFO_SCHEDULE) with pending work
+    preempts: int = 0  # taken off the engine by PREEMPT
+    ready_ns: int = 0  # on, with pending work, not running
+    wake_sum_ns: int = 0  # submit-to-run latencies (work given to a group with none)
+    wake_n: int = 0
+    wake_max_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -596,6 +605,8 @@ class ProcEngine:
     busy_ns: int
     idle_ns: int
     switches: int
+    switch_ns: int = 0  # PREEMPT context switches (nothing runs)
+    preempts: int = 0
 
 
 def alloc_channel_group(ctl: int, hclient: int, hdevice: int, handle: int = 0, **kw) -> int:
@@ -638,6 +649,14 @@ def set_timeslice(ctl: int, hclient: int, hgroup: int, us: int) -> tuple[int, in
     return e, st
 
 
+def preempt(ctl: int, hclient: int, hgroup: int, wait: int = 0, manual: int = 0,
+            timeout_us: int = 0) -> tuple[int, int]:
+    """NVA06C_CTRL_CMD_PREEMPT; returns (errno, status)."""
+    e, st, _ = rm_control(ctl, hclient, hgroup, NVA06C_CTRL_CMD_PREEMPT,
+                          PREEMPT.pack(wait, manual, timeout_us))
+    return e, st
+
+
 def gpfifo_schedule(ctl: int, hclient: int, hgroup: int, enable: bool) -> tuple[int, int]:
     e, st, _ = rm_control(ctl, hclient, hgroup, NVA06C_CTRL_CMD_GPFIFO_SCHEDULE,
                           GPFIFO_SCHEDULE.pack(int(enable), 0, 0))
@@ -662,7 +681,7 @@ def _proc_rows(path: str, header: str) -> list[list[int]]:
 
 def proc_groups() -> list[ProcGroup]:
     """/proc/driver/nvsim/groups, one entry per channel group."""
-    return [ProcGroup(r[0], r[1], r[2], r[3], bool(r[4]), r[5], r[6], r[7], r[8])
+    return [ProcGroup(r[0], r[1], r[2], r[3], bool(r[4]), *r[5:])
             for r in _proc_rows(PROC_GROUPS, PROC_GROUPS_HEADER)]
 
 

@@ -1,7 +1,9 @@
 """nvsim driven directly through /dev/nvsim, for its own tests (VM tier).
 
 `nvsim_module()` (a generator for a fixture: `nvsim_env` in
-tests/vm/conftest.py) yields the simulator's nodes and parameters. When
+tests/vm/conftest.py) yields the simulator's nodes and parameters; `ctxsw_ns()`
+is what a PREEMPT's context switch costs its engine (the /proc views that show
+it, `nv.proc_groups()` and `nv.proc_engines()`, are parsed in nvclient). When
 /dev/nvsim/nvidiactl is missing and we are root with a built
 kmod/nvsim/nvsim.ko, it loads the module (gpus=2 mem_mib=1024) for the
 fixture's scope and unloads it afterwards; set NVSIM_AUTOLOAD=0 to never
@@ -49,6 +51,11 @@ class Nvsim:
 
 def _param(name: str) -> int:
     return int((PARAMS / name).read_text().strip())
+
+
+def ctxsw_ns() -> int:
+    """The context switch a PREEMPT costs nvsim's engine (module parameter ctxsw_us)."""
+    return _param("ctxsw_us") * 1000
 
 
 def _wait_for(path: str, seconds: float = 5.0) -> bool:

@@ -364,8 +364,10 @@ def test_proc_views(ctl):
     b.submit(5 * MS)
     line = next(x for x in PROC_DIR.joinpath("groups").read_text().splitlines()
                 if x.startswith("0 "))
-    head, _, wait = line.rpartition(" ")
+    fields = line.split(" ")
+    head, wait = " ".join(fields[:8]), fields[8]
     assert head == f"0 {b.client:#x} {b.handle:#x} {os.getpid()} 0 3000 {5 * MS} 0"
+    assert fields[9:] == ["0"] * 5  # off: never ready, never preempted, never woken
     # Off with work pending: b waits (wait_ns grows); a, on, never waited.
     time.sleep(0.05)
     rows = {(p.client, p.group): p for p in nv.proc_groups()}

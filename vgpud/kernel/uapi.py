@@ -15,7 +15,7 @@ from vgpud.kernel.cstruct import CStruct
 
 GENL_NAME = "vgpu"
 GENL_VERSION = 1
-PROTO_VERSION = 6
+PROTO_VERSION = 7
 
 OFF_NONE = 0xFFFFFFFF
 RULE_MATCH_MAX = 32
@@ -218,7 +218,7 @@ SCHED = CStruct(
     ("h_client", "I"),
     ("h_object", "I"),
     ("enable", "I"),
-    ("reserved", "I"),
+    ("arg", "I"),  # v7: TIMESLICE's microseconds (reserved before)
 )
 
 SCHED_RESULT = CStruct(
@@ -462,25 +462,30 @@ class Context(NamedTuple):
 
 
 class SchedState(IntEnum):
-    """enum vgpu_sched_state: what a SCHEDULE entry makes of its group."""
+    """enum vgpu_sched_state: what a SCHEDULE entry does to its group."""
 
     OFF = 0  # remembered by the module: on again if the daemon dies
     ON = 1
     OWNER_OFF = 2  # off for its owner: stays off without a daemon
+    TIMESLICE = 3  # v7: SET_TIMESLICE to ``arg`` us (not remembered)
+    PREEMPT = 4  # v7: PREEMPT, bWait 0 (not remembered)
 
 
 class Sched(NamedTuple):
-    """struct vgpu_sched: turn one channel group's scheduling on or off.
+    """struct vgpu_sched: one scheduling control of one channel group.
 
-    ``enable``: a SchedState (True and False are ON and OFF)."""
+    ``enable``: a SchedState, the op (True and False are ON and OFF);
+    ``arg``: the timeslice in us for TIMESLICE, zero for the others."""
 
     ctx_id: int
     h_client: int
     h_object: int
     enable: int
+    arg: int = 0
 
     def pack(self) -> bytes:
-        return SCHED.struct.pack(self.ctx_id, self.h_client, self.h_object, int(self.enable), 0)
+        return SCHED.struct.pack(self.ctx_id, self.h_client, self.h_object, int(self.enable),
+                                 self.arg)
 
 
 class SchedResult(NamedTuple):

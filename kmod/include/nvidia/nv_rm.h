@@ -219,4 +219,20 @@ struct nva06c_timeslice_params {
 	u64 timeslice_us;
 };
 
+/*
+ * PREEMPT (ctrla06c.h): preempt a channel group off its engine; bWait
+ * waits for the preemption to complete, and bManualTimeout asks for
+ * timeoutUs (at most NVA06C_CTRL_CMD_PREEMPT_MAX_MANUAL_TIMEOUT_US) as the
+ * wait's timeout instead of the driver's.
+ */
+#define NVA06C_CTRL_CMD_PREEMPT				0xa06c0105
+#define NVA06C_CTRL_CMD_PREEMPT_MAX_MANUAL_TIMEOUT_US	1000000
+
+struct nva06c_preempt_params {
+	u8 b_wait;
+	u8 b_manual_timeout;
+	u8 pad0[2];
+	u32 timeout_us;
+};
+
 #endif /* _NVIDIA_NV_RM_H */

@@ -35,6 +35,9 @@
  *      in len_off (RM_ALLOC: the driver reads alloc params by the size
  *      their class takes and ignores NVOS21/NVOS64 paramsSize, which
  *      libcuda leaves 0: seen in a trace of driver 580.159.04).
+ *   7: SCHEDULE ops VGPU_SCHED_TIMESLICE (NVA06C_CTRL_CMD_SET_TIMESLICE,
+ *      struct vgpu_sched's reserved field becomes arg, the timeslice in us)
+ *      and VGPU_SCHED_PREEMPT (NVA06C_CTRL_CMD_PREEMPT, bWait 0).
  *
  * The protocol is append-only: new commands, attributes and enum values are
  * added at the end; existing layouts never change.
@@ -46,7 +49,7 @@
 
 #define VGPU_GENL_NAME		"vgpu"
 #define VGPU_GENL_VERSION	1
-#define VGPU_PROTO_VERSION	6
+#define VGPU_PROTO_VERSION	7
 
 /* Kinds of emulated node. A rule's node_mask is a set of (1 << node). */
 enum vgpu_node {
@@ -378,27 +381,40 @@ struct vgpu_context {
  * VGPU_VERDICT_F_SCHED_OFF), and turns them on again in the next daemon to
  * register, so that a daemon that dies leaves no tenant stalled. A group
  * turned off with VGPU_SCHED_OWNER_OFF, for its owner, is not remembered.
+ *
+ * v7: VGPU_SCHED_TIMESLICE sets the group's timeslice to arg microseconds
+ * (NVA06C_CTRL_CMD_SET_TIMESLICE; the driver judges the value: an out of
+ * range one gets its status) and VGPU_SCHED_PREEMPT preempts the group off
+ * its engine (NVA06C_CTRL_CMD_PREEMPT, bWait and bManualTimeout 0). Each
+ * is one control through the owner's file, like ON and OFF, and neither is
+ * remembered.
  */
 enum vgpu_sched_state {
 	VGPU_SCHED_OFF = 0,
 	VGPU_SCHED_ON = 1,
 	VGPU_SCHED_OWNER_OFF = 2,
+	VGPU_SCHED_TIMESLICE = 3,
+	VGPU_SCHED_PREEMPT = 4,
 };
 
 /**
- * struct vgpu_sched - turn one channel group's scheduling on or off
+ * struct vgpu_sched - one scheduling control of one channel group
  * @ctx_id: the context (a nvidiactl file) whose client owns the group
  * @h_client: the RM client
  * @h_object: the channel group (KEPLER_CHANNEL_GROUP_A)
- * @enable: enum vgpu_sched_state
- * @reserved: zero
+ * @enable: enum vgpu_sched_state, the op
+ * @arg: VGPU_SCHED_TIMESLICE: the timeslice in us; zero for the others
+ *	(before v7: reserved, zero)
+ *
+ * An entry with an unknown op, or a nonzero arg where none is taken,
+ * refuses its whole message with -EINVAL: nothing of it is issued.
  */
 struct vgpu_sched {
 	__u64 ctx_id;
 	__u32 h_client;
 	__u32 h_object;
 	__u32 enable;
-	__u32 reserved;
+	__u32 arg;
 };
 
 /**
