@@ -120,7 +120,8 @@ def build_quota(config_path: Path | None = None, dbus: str = "try",
     cgroups = CgroupPaths()
     quota = QuotaPolicy(manager, ledger, cgroup_path=cgroups)
     policy = SchedPolicy(quota, tracker)
-    activity = choose_source([gpu.index for gpu in manager.gpus])
+    activity = (choose_source([gpu.index for gpu in manager.gpus])
+                if manager.config.daemon.sched_activity == "auto" else None)
     scheduler = SchedulerService(manager, tracker, activity=activity)
     probe_service = ProbeService(quota.context_tenant,
                                  closed_tenant=quota.closed_context_tenant,

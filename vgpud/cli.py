@@ -210,6 +210,10 @@ def status(as_json: bool) -> None:
         return
     console = Console()
     console.print(f"vgpud {info['version']}, default tenant: {info['default_tenant'] or '-'}")
+    modes = info.get("sched_mode") or {}
+    if modes:
+        console.print("scheduling: " + "; ".join(f"GPU {gpu} {mode}"
+                                                 for gpu, mode in sorted(modes.items())))
     console.print(_gpu_table(info["gpus"]))
     console.print(_tenant_table(info["tenants"]))
 
@@ -352,28 +356,48 @@ def tenant_set(name: str, memory: str | None, weight: int | None, cap: int | Non
     _call("UpdateTenant", "sa{sv}", name, options)
 
 
-def _top_rows(tenants: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per tenant and GPU it may use."""
+def _top_rows(tenants: list[dict[str, Any]], modes: dict[int, str]) -> list[dict[str, Any]]:
+    """One row per tenant and GPU it may use; ``modes``: each GPU's scheduling mode."""
     return [
         {"tenant": t["name"], "gpu": gpu, "memory_used": t["memory_used"].get(gpu, 0),
          "memory_limit": t["memory_limit_bytes"].get(gpu, 0), "weight": t["weight"],
          "cap": t["cap"], "priority": t["priority"], "share": t["share"].get(gpu, 0.0),
-         "measured_share": t["measured_share"].get(gpu)}
+         "measured_share": t["measured_share"].get(gpu), "mode": modes.get(gpu, ""),
+         "timeslices_us": t["timeslices"].get(gpu, []),
+         "preemptions": t["preemptions"].get(gpu, 0)}
         for t in tenants for gpu in t["gpus"]
     ]
 
 
+def _slices(us: list[int]) -> str:
+    """A tenant's timeslices in short: "1024", "4x512", "512..2048"."""
+    if not us:
+        return "-"
+    low, high = min(us), max(us)
+    if low == high:
+        return str(low) if len(us) == 1 else f"{len(us)}x{low}"
+    return f"{low}..{high}"
+
+
 def _top_table(rows: list[dict[str, Any]], title: str) -> Table:
+    modes = sorted({(r["gpu"], r["mode"]) for r in rows if r["mode"]})
+    caption = "; ".join(f"GPU {gpu}: {mode}" for gpu, mode in modes) or None
     table = Table("TENANT", "GPU", "MEMORY USED / LIMIT", "WEIGHT", "CAP", "PRIORITY",
-                  "SHARE", "MEASURED", title=title)
+                  "SHARE", "MEASURED", "SLICES us", "PREEMPT", title=title, caption=caption)
     for r in rows:
         measured = r["measured_share"]
         table.add_row(
             r["tenant"], str(r["gpu"]), f"{_size(r['memory_used'])} / {_size(r['memory_limit'])}",
             str(r["weight"]), f"{r['cap']}%" if r["cap"] else "-", r["priority"],
             f"{r['share']:.1f}%", "-" if measured is None else f"{measured:.1f}%",
+            _slices(r["timeslices_us"]), str(r["preemptions"]),
         )
     return table
+
+
+async def _top_query(client: AdminClient) -> list[dict[str, Any]]:
+    modes = (await client.manager_properties()).get("SchedMode", {})
+    return _top_rows(await _tenants(client), modes)
 
 
 @main.command()
@@ -387,9 +411,12 @@ def top(once: bool, as_json: bool, interval: float) -> None:
 
     SHARE is the share of GPU time the scheduler gives the tenant now (0 while
     it has no work there); MEASURED the share it got over the last second.
+    SLICES the timeslices set on its channel groups (runlist mode), PREEMPT how
+    often its new work preempted the best-effort groups. The caption gives
+    each GPU's scheduling mode.
     """
     if as_json or once:
-        rows = _top_rows(_daemon(_tenants))
+        rows = _daemon(_top_query)
         if as_json:
             _echo_json(rows)
         else:
@@ -400,8 +427,7 @@ def top(once: bool, as_json: bool, interval: float) -> None:
         title = f"tenants (every {interval:g} s; Ctrl-C quits)"
         with Live(_top_table([], title), auto_refresh=False) as screen:
             while True:
-                screen.update(_top_table(_top_rows(await _tenants(client)), title),
-                              refresh=True)
+                screen.update(_top_table(await _top_query(client), title), refresh=True)
                 await asyncio.sleep(interval)
 
     with suppress(KeyboardInterrupt):

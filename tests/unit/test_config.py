@@ -74,6 +74,7 @@ def test_empty_file_gives_defaults(tmp_path: Path) -> None:
     assert config.daemon == DaemonSettings()
     assert config.daemon.default_tenant is None
     assert config.daemon.state_path == DEFAULT_STATE_PATH
+    assert (config.daemon.sched_mode, config.daemon.sched_activity) == ("runlist", "auto")
     assert config.probes.enabled and config.probes.interval_ms == 1000
 
 
@@ -110,6 +111,8 @@ TENANT_A = '[[tenant]]\nname = "a"\n'
         ("[daemon]\nupcall_timeout_ms = 500", "daemon.upcall_timeout_ms",
          "/sys/module/vgpu/parameters/upcall_timeout_ms"),
         ("[daemon]\nframe_ms = 0", "daemon.frame_ms", "greater than or equal to 1"),
+        ("[daemon]\nsched_mode = \"tdma\"", "daemon.sched_mode", "'runlist' or 'frame'"),
+        ("[daemon]\nsched_activity = \"nvml\"", "daemon.sched_activity", "'auto' or 'none'"),
         ("[daemon]\nverbose = true", "daemon.verbose", "unknown key"),
         ("[daemon]\ndefault_tenant = \"zz\"", "daemon.default_tenant", "no tenant named 'zz'"),
         ("[deamon]\nfail_open = true", "deamon", "unknown key"),

@@ -82,7 +82,7 @@ def test_reads(service: ServiceThread) -> None:
                                (1, "NVIDIA H100 (sim)", 80 * GIB, 0)]
     assert with_client(lambda c: c.manager_properties()) == {
         "Version": "0.1.0", "DefaultTenant": "shared",
-        "Probes": "off: not part of this daemon",
+        "Probes": "off: not part of this daemon", "SchedMode": {},
     }
     assert tenant("alice") == {
         "Name": "alice", "MemoryLimit": "8GiB", "MemoryLimitBytes": {0: 8 * GIB, 1: 8 * GIB},
@@ -90,6 +90,7 @@ def test_reads(service: ServiceThread) -> None:
         "Priority": "best-effort", "Uvm": "count", "Match": [{"uid": 1000}], "Pids": [],
         "Cgroups": [],
         "Share": {}, "MeasuredShare": {},  # no scheduler behind this service
+        "Timeslices": {}, "Preemptions": {},
         "Limits": {"channel_groups": 256, "channels": 1024, "context_shares": 1024,
                    "va_spaces": 64, "buffers": 256},
     }

@@ -35,7 +35,7 @@ def offenders(loaded: set[str], prefixes: tuple[str, ...]) -> list[str]:
 
 SANS_IO = [
     "vgpud.core.tenants", "vgpud.core.ledger", "vgpud.core.tdma", "vgpud.core.groups",
-    "vgpud.core.shares", "vgpud.core.observers", "vgpud.nvidia.layouts",
+    "vgpud.core.shares", "vgpud.core.observers", "vgpud.core.runlist", "vgpud.nvidia.layouts",
     "vgpud.kernel.codec", "vgpud.policy.dispatch", "vgpud.policy.quota",
     "vgpud.policy.sched", "vgpud.policy.simple", "vgpud.policy.rules",
     "vgpud.probes.histograms", "vgpud.probes.layout", "vgpud.probes.render",

@@ -13,6 +13,7 @@ import pytest
 from tests.support.layouts import ROOT, c_layouts, needs_gcc, py_layouts, run_c
 from vgpud.nvidia import escapes as E
 from vgpud.nvidia import layouts as L
+from vgpud.policy import sched
 
 KMOD_INCLUDE = ROOT / "kmod/include"
 KMOD_HEADERS = ("nvidia/nv_ioctl.h", "nvidia/nv_rm.h", "nvidia/nv_status.h")
@@ -185,6 +186,30 @@ _Static_assert(offsetof(nv_ioctl_nvos02_parameters_with_fd_c, fd)
                == offsetof(nv_ioctl_nvos02_parameters_with_fd, fd), "fd 02");
 """
 
+# KEPLER_CHANNEL_GROUP_A control params (ctrla06c.h) that SchedPolicy answers.
+CONTROL_SIZES = {
+    "NVA06C_CTRL_TIMESLICE_PARAMS": 8,
+    "NVA06C_CTRL_PREEMPT_PARAMS": 8,
+    "NVA06C_CTRL_INTERLEAVE_LEVEL_PARAMS": 4,
+}
+CONTROL_OFFSETS = {
+    "NVA06C_CTRL_TIMESLICE_PARAMS": dict(timesliceUs=0),
+    "NVA06C_CTRL_PREEMPT_PARAMS": dict(bWait=0, bManualTimeout=1, timeoutUs=4),
+    "NVA06C_CTRL_INTERLEAVE_LEVEL_PARAMS": dict(tsgInterleaveLevel=0),
+}
+CONTROL_MIRRORS = r"""
+#include <stdint.h>
+typedef uint8_t NvBool; typedef uint32_t NvU32;
+typedef uint64_t NvU64 __attribute__((aligned(8)));
+typedef struct { NvU64 timesliceUs; } NVA06C_CTRL_TIMESLICE_PARAMS;
+typedef struct { NvBool bWait; NvBool bManualTimeout; NvU32 timeoutUs; }
+  NVA06C_CTRL_PREEMPT_PARAMS;
+typedef struct { NvU32 tsgInterleaveLevel; } NVA06C_CTRL_INTERLEAVE_LEVEL_PARAMS;
+"""
+# The modules' structs of those (nv_rm.h); the interleave level's has none.
+KMOD_CONTROL_STRUCTS = {"NVA06C_CTRL_TIMESLICE_PARAMS": "nva06c_timeslice_params",
+                        "NVA06C_CTRL_PREEMPT_PARAMS": "nva06c_preempt_params"}
+
 
 @needs_gcc
 def test_layouts_match_gcc(tmp_path: Path) -> None:
@@ -193,6 +218,29 @@ def test_layouts_match_gcc(tmp_path: Path) -> None:
 
 def test_sizes_pinned() -> None:
     assert {lay.name: lay.size for lay in L.LAYOUTS} == SIZES
+
+
+def test_control_layouts_pinned() -> None:
+    assert {lay.name: lay.size for lay in L.TSG_CONTROL_LAYOUTS} == CONTROL_SIZES
+    assert {lay.name: lay.offsets for lay in L.TSG_CONTROL_LAYOUTS} == CONTROL_OFFSETS
+
+
+@needs_gcc
+def test_control_layouts_match_gcc(tmp_path: Path) -> None:
+    assert py_layouts(L.TSG_CONTROL_LAYOUTS) == c_layouts(
+        tmp_path, "", L.TSG_CONTROL_LAYOUTS, CONTROL_MIRRORS)
+
+
+def test_control_decoders() -> None:
+    assert L.decode_timeslice(L.encode_timeslice(2**64 - 1)) == 2**64 - 1
+    assert L.decode_preempt(b"\x01\x00\xff\xff\x40\x42\x0f\x00") == \
+        L.PreemptParams(wait=True, manual_timeout=False, timeout_us=1_000_000)
+    assert L.decode_preempt(b"\x00\x07" + bytes(6)).manual_timeout is True
+    for short_or_long in (bytes(7), bytes(9), b""):
+        with pytest.raises(L.DecodeError):
+            L.decode_timeslice(short_or_long)
+        with pytest.raises(L.DecodeError):
+            L.decode_preempt(short_or_long)
 
 
 @pytest.mark.parametrize("name", sorted(OFFSETS))
@@ -292,6 +340,12 @@ def test_kmod_structs_match_nvidia(tmp_path: Path) -> None:
         items.append((lay.name, f"sizeof({tag})"))
         items += [(f"{lay.name}.{f}", f"offsetof({tag}, {kmod_field(lay.name, f)})")
                   for f in lay.offsets]
+    for lay in L.TSG_CONTROL_LAYOUTS:
+        if (kmod := KMOD_CONTROL_STRUCTS.get(lay.name)) is not None:
+            want |= py_layouts([lay])
+            items.append((lay.name, f"sizeof(struct {kmod})"))
+            items += [(f"{lay.name}.{f}", f"offsetof(struct {kmod}, {kmod_field('', f)})")
+                      for f in lay.offsets]
     for name, (size, offsets) in KMOD_ONLY.items():
         items.append((name, f"sizeof(struct {name})"))
         want[name] = size
@@ -322,7 +376,10 @@ def _py_numbers() -> dict[str, int]:
                                  E.NvClass.KEPLER_CHANNEL_GROUP_A)}
     out |= {f"NV2080_CTRL_CMD_{c.name}": c for c in (E.Ctrl.FB_GET_INFO, E.Ctrl.FB_GET_INFO_V2)}
     out |= {f"NVA06C_CTRL_CMD_{c.name}": c for c in (
-        E.Ctrl.GPFIFO_SCHEDULE, E.Ctrl.SET_TIMESLICE, E.Ctrl.GET_TIMESLICE)}
+        E.Ctrl.GPFIFO_SCHEDULE, E.Ctrl.SET_TIMESLICE, E.Ctrl.GET_TIMESLICE, E.Ctrl.PREEMPT,
+        E.Ctrl.SET_INTERLEAVE_LEVEL, E.Ctrl.GET_INTERLEAVE_LEVEL)}
+    out |= {"NVA06C_DEFAULT_TIMESLICE_US": sched.DEFAULT_TIMESLICE_US,
+            "NVA06C_CTRL_CMD_PREEMPT_MAX_MANUAL_TIMEOUT_US": sched.MAX_PREEMPT_TIMEOUT_US}
     out |= {f"NV2080_CTRL_FB_INFO_INDEX_{i.name}": i for i in E.FbInfoIndex}
     out |= {f"NVOS32_FUNCTION_{f.name}": f for f in E.VidHeapFunction}
     return {k: int(v) for k, v in out.items()}
@@ -338,7 +395,7 @@ def test_kmod_numbers_match_daemon(tmp_path: Path) -> None:
     # Every escape the modules name, and the numbers vgpu acts on, are compared.
     assert {n for n in defined if n.startswith("NV_ESC_")} <= set(both)
     assert {"NV_IOCTL_MAGIC", "KEPLER_CHANNEL_GROUP_A", "NVA06C_CTRL_CMD_GPFIFO_SCHEDULE",
-            "NV_ERR_NO_MEMORY"} <= set(both)
+            "NV_ERR_NO_MEMORY", "NVA06C_DEFAULT_TIMESLICE_US"} <= set(both)
     got = run_c(tmp_path, kmod_program([(n, n) for n in both]), KMOD_INCLUDE)
     assert got == {n: py[n] for n in both}
 

@@ -1,4 +1,5 @@
-"""The scheduler's side of the admin API: Share / MeasuredShare and `vgpuctl top`."""
+"""The scheduler's side of the admin API: Share / MeasuredShare, Timeslices /
+Preemptions, SchedMode and `vgpuctl top`."""
 
 from __future__ import annotations
 
@@ -31,7 +32,19 @@ class FakeScheduler:
     def __init__(self) -> None:
         self.shares: dict[str, dict[int, float]] = {"alice": {0: 62.5, 1: 100.0}}
         self.measured: dict[str, dict[int, float]] = {"alice": {0: 61.9}}
+        self.slices: dict[str, dict[int, list[int]]] = {"alice": {0: [2048, 2048]}}
+        self.preempts: dict[str, dict[int, int]] = {"alice": {0: 3}}
+        self.mode = {0: "runlist", 1: "frame (runlist refused: NVIDIA status 0x56)"}
         self.observers: Topic[SharesChanged] = Topic()
+
+    def modes(self) -> dict[int, str]:
+        return dict(self.mode)
+
+    def timeslices(self, tenant: str) -> dict[int, list[int]]:
+        return dict(self.slices.get(tenant, {}))
+
+    def preemptions(self, tenant: str) -> dict[int, int]:
+        return dict(self.preempts.get(tenant, {}))
 
     def share(self, tenant: str) -> dict[int, float]:
         return dict(self.shares.get(tenant, {}))
@@ -59,6 +72,11 @@ def test_share_properties(sched_service: ServiceThread) -> None:
     alice = properties("alice")
     assert (alice["Share"], alice["MeasuredShare"]) == ({0: 62.5, 1: 100.0}, {0: 61.9})
     assert (properties("shared")["Share"], properties("shared")["MeasuredShare"]) == ({}, {})
+    assert (alice["Timeslices"], alice["Preemptions"]) == ({0: [2048, 2048]}, {0: 3})
+    assert (properties("shared")["Timeslices"], properties("shared")["Preemptions"]) == ({}, {})
+    manager = asyncio.run(AdminClient.run(lambda c: c.manager_properties()))
+    assert manager["SchedMode"] == {0: "runlist",
+                                    1: "frame (runlist refused: NVIDIA status 0x56)"}
 
 
 def test_shares_changed_emits_properties_changed(sched_service: ServiceThread) -> None:
@@ -75,7 +93,8 @@ def test_shares_changed_emits_properties_changed(sched_service: ServiceThread) -
     assert msg.path == tenant_path("alice")
     _interface, changed, _invalidated = msg.body
     assert {k: v.value for k, v in changed.items()} == {
-        "Share": {0: 62.5, 1: 100.0}, "MeasuredShare": {0: 50.0}}
+        "Share": {0: 62.5, 1: 100.0}, "MeasuredShare": {0: 50.0},
+        "Timeslices": {0: [2048, 2048]}, "Preemptions": {0: 3}}
 
 
 def test_top_json_and_once(sched_service: ServiceThread) -> None:
@@ -86,12 +105,17 @@ def test_top_json_and_once(sched_service: ServiceThread) -> None:
         ("alice", 0), ("alice", 1), ("bob.x-1", 1), ("shared", 0), ("shared", 1)]
     assert rows[0] == {"tenant": "alice", "gpu": 0, "memory_used": 0,
                        "memory_limit": 8 * GIB, "weight": 100, "cap": 0,
-                       "priority": "best-effort", "share": 62.5, "measured_share": 61.9}
+                       "priority": "best-effort", "share": 62.5, "measured_share": 61.9,
+                       "mode": "runlist", "timeslices_us": [2048, 2048], "preemptions": 3}
     assert (rows[1]["share"], rows[1]["measured_share"]) == (100.0, None)
+    assert rows[1]["mode"] == "frame (runlist refused: NVIDIA status 0x56)"
+    assert (rows[1]["timeslices_us"], rows[1]["preemptions"]) == ([], 0)
     assert rows[2]["weight"] == 300
     once = vgpuctl("top", "--once")
     assert once.exit_code == 0, once.output
     assert "MEASURED" in once.output and "62.5%" in once.output and "61.9%" in once.output
+    assert "2x2048" in once.output and "GPU 0: runlist" in once.output
+    assert "runlist refused: NVIDIA status 0x56" in once.output
 
 
 def test_top_refreshes_until_interrupted(sched_service: ServiceThread,
@@ -113,3 +137,10 @@ def test_top_refreshes_until_interrupted(sched_service: ServiceThread,
 
 def test_top_without_daemon_exits_69(system_bus: PrivateBus) -> None:
     assert vgpuctl("top", "--once").exit_code == cli.EX_UNAVAILABLE
+
+
+def test_status_says_each_gpus_mode(sched_service: ServiceThread) -> None:
+    result = vgpuctl("status")
+    assert result.exit_code == 0, result.output
+    assert ("scheduling: GPU 0 runlist; GPU 1 frame (runlist refused: NVIDIA status 0x56)"
+            in result.output)

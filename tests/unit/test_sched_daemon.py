@@ -1,5 +1,6 @@
 """The quota daemon with its scheduler wired in: channel groups learned from the fake
-kernel's upcalls and events, switched through the channel, all back on at stop."""
+kernel's upcalls and events, switched (frame mode) or given their timeslices (runlist
+mode) through the channel, all back on (and the default timeslice back) at stop."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from vgpud.kernel.uapi import (
     VERDICT_F_SCHED_OFF,
     Sched,
     SchedResult,
+    SchedState,
     UpcallKind,
     VerdictAction,
 )
@@ -35,9 +37,12 @@ TENANT_B = '\n[[tenant]]\nname = "b"\nmatch = [{ uid = 2000 }]\n'
 
 
 class World(daemon_world.World):
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, mode: str = "frame") -> None:
         super().__init__(tmp_path)
-        self.policy, self.admin = build_quota(write_config(tmp_path, TENANT_B), "off", inventory)
+        config = write_config(tmp_path, TENANT_B)
+        config.write_text(config.read_text().replace(
+            "[daemon]\n", f'[daemon]\nsched_mode = "{mode}"\n', 1))
+        self.policy, self.admin = build_quota(config, "off", inventory)
         self.ids = iter(range(1, 1000))
         self.scheduled: list[list[Sched]] = []
 
@@ -130,3 +135,35 @@ def test_daemon_switches_groups_and_restores_them(tmp_path: Path,
     world.close()
     (stats,) = [m for m in caplog.messages if m.startswith("scheduler stats")]
     assert "'failed': 0" in stats and "'errors': 0" in stats
+
+
+def test_daemon_in_runlist_mode_sets_timeslices_and_restores_them(tmp_path: Path) -> None:
+    world = World(tmp_path, "runlist")
+
+    async def main() -> None:
+        daemon = world.daemon()
+        serving = asyncio.create_task(daemon.serve())
+        assert (await world.notification()).startswith("READY=1")
+        assert daemon.channel is not None
+        daemon.channel.schedule = world.schedule  # type: ignore[attr-defined]
+        ga = await world.tenant_with_group(7, 1000, 0xC1)
+        gb = await world.tenant_with_group(8, 2000, 0xC2)
+        for _ in range(100):
+            if len(world.scheduled) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        # equal weights, one group each: the driver's 1024 us, then on (never off)
+        assert world.scheduled[:2] == [
+            [Sched(7, 0xC1, ga, SchedState.TIMESLICE, 1024), Sched(7, 0xC1, ga, True)],
+            [Sched(8, 0xC2, gb, SchedState.TIMESLICE, 1024), Sched(8, 0xC2, gb, True)]]
+        await asyncio.sleep(0.3)
+        assert len(world.scheduled) == 2  # no cap, no priority: nothing more to do
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert await serving == 0
+        assert world.scheduled[-1] == [
+            Sched(7, 0xC1, ga, SchedState.TIMESLICE, 1024),
+            Sched(8, 0xC2, gb, SchedState.TIMESLICE, 1024),
+            Sched(7, 0xC1, ga, True), Sched(8, 0xC2, gb, True)]
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+    world.close()

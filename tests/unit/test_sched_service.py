@@ -3,69 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.sched_world import CONFIG, MS, Clock, Recorder, Timers, settle
-from vgpud.admin.manager import Manager
-from vgpud.core.groups import Group, GroupTracker
-from vgpud.core.ledger import Ledger
+from tests.support.sched_world import MS, FakeSource, World, settle
+from vgpud.core.groups import Group
 from vgpud.core.shares import SharesChanged, target_shares
 from vgpud.kernel.uapi import Sched, SchedResult, SchedState
-from vgpud.sched.activity import Activity
 from vgpud.sched.actuator import ModuleActuator
-from vgpud.sched.service import SchedulerService
-from vgpud.store.config import parse_config
-from vgpud.store.state import RuntimeState
 
 GIB = 2**30
-
-
-class World:
-    def __init__(self, tmp: Path, activity: Any = None, config: str = CONFIG) -> None:
-        text = config.format(state=tmp / "state.json")
-        (tmp / "vgpud.toml").write_text(text)
-        self.manager = Manager(tmp / "vgpud.toml", parse_config(text), RuntimeState(), Ledger(),
-                               [(0, "sim", GIB), (1, "sim", GIB)])
-        self.clock = Clock()
-        self.timers = Timers(self.clock)
-        self.tracker = GroupTracker()
-        self.service = SchedulerService(self.manager, self.tracker, activity=activity,
-                                        clock=self.clock, call_later=self.timers,
-                                        share_interval=1e6)
-        # as vgpud.app subscribes it
-        self.tracker.observers.subscribe(self.service)
-        self.manager.observers.subscribe(self.service)
-        self.actuator = Recorder(self.clock)
-        self.handles = itertools.count(0x100)
-
-    def group(self, tenant: str, gpu: int = 0, ctx: int | None = None) -> Group:
-        client = {"a": 0xA0, "b": 0xB0, "c": 0xC0, "d": 0xD0}[tenant] + gpu
-        group = Group(ctx if ctx is not None else client, tenant, gpu, client,
-                      next(self.handles), 0x10, 1000 + client)
-        self.actuator.on[(client, group.handle)] = True  # the driver's default
-        self.tracker.add(group)
-        return group
-
-    def on_time(self, start: int, end: int) -> dict[tuple[int, int], int]:
-        """ns each group was on in [start, end], from the actuator's calls."""
-        on: dict[tuple[int, int], int] = {}
-        since: dict[tuple[int, int], int] = {}
-        for t, entries in self.actuator.calls:
-            for e in entries:
-                key = (e.h_client, e.h_object)
-                if e.enable and key not in since:
-                    since[key] = t
-                elif not e.enable and key in since:
-                    t0 = since.pop(key)
-                    on[key] = on.get(key, 0) + max(0, min(t, end) - max(t0, start))
-        for key, t0 in since.items():
-            on[key] = on.get(key, 0) + max(0, end - max(t0, start))
-        return on
 
 
 @pytest.fixture
@@ -199,29 +149,6 @@ def test_a_group_of_a_tenant_the_scheduler_lacks_is_left_on(w: World) -> None:
         await w.service.stop()
 
     run(main())
-
-
-class FakeSource:
-    name = "fake"
-    interval = 1e6
-    blocking = False
-
-    def __init__(self) -> None:
-        self.runnable: set[tuple[int, str]] = set()
-        self.busy: dict[tuple[int, str], int] = {}
-        self.running: list[dict[int, str | None]] = []
-
-    def read(self) -> str:
-        return "raw"
-
-    def update(self, raw: str, groups: GroupTracker, running: dict[int, str | None],
-               now_ns: int) -> Activity:
-        assert raw == "raw"
-        self.running.append(running)
-        return Activity(frozenset(self.runnable), dict(self.busy))
-
-    def close(self) -> None:
-        pass
 
 
 def test_activity_drives_runnable_and_idle(tmp_path: Path) -> None:

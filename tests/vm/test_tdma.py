@@ -18,6 +18,13 @@ a window that grows until they converge (`measure`). States the daemon must
 reach are waited for, not slept on. Each assertion can still fail: a tenant
 skipped for frames lets another have two turns within its wait, and wrong
 weights or an unpaid overrun never converge.
+
+The acceptance (the weights, an idle tenant's time, 16 tenants, a weight
+change over D-Bus) runs in both scheduling modes (MODES, the `tdma` fixture
+parametrized indirectly): in runlist mode the GPU's round robin switches and
+the daemon only sets timeslices, so there are no turns of the daemon's to
+count, and 16 tenants are judged by nvsim's busy counters instead. The other
+tests are frame mode's; tests/vm/test_runlist_mode.py has runlist mode's own.
 """
 
 from __future__ import annotations
@@ -26,18 +33,25 @@ import asyncio
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 
 import pytest
 
 from tests.support import nvclient as nv
-from tests.support.bus import PrivateBus
-from tests.support.guest import remove_cgroup, wait_for
+from tests.support.guest import wait_for
 from tests.support.sched import traced
-from tests.support.tdma import CGROOT, Tenants, config_text, open_as_tenant
+from tests.support.tdma import (
+    WAIT_S,
+    TdmaWorld,
+    Tenants,
+    Window,
+    measure,
+    near,
+    open_as_tenant,
+    tdma_world,
+)
 from tests.support.vgpud_proc import Daemon
 from vgpud.admin.client import AdminClient
 from vgpud.admin.names import tenant_path
@@ -45,115 +59,24 @@ from vgpud.admin.names import tenant_path
 pytestmark = pytest.mark.vm
 
 SHARE_FRAME_MS = 400  # frames of the share tests (the default is 100 ms)
-QUEUE_MS = 500  # work kept pending per tenant: a workload process starved a while stays ahead
-PERIOD_MS = 100  # how often the workload tops the queues up: little CPU taken from the daemon
-WAIT_S = 60.0  # the longest wait for a state the daemon must reach
-CONVERGE_S = 60.0  # the longest window shares may need to converge
-
-
-@dataclass(frozen=True)
-class Window:
-    shares: list[float]  # % of the tenants' GPU time (nvsim's busy counters)
-    idle: float  # the engine's idle fraction
-    seconds: float
-
-
-def measure(tenants: Tenants, ok: Callable[[Window], bool], least: float) -> Window:
-    """The tenants' shares from now, over `least` seconds or more: the window grows until
-    ok(window) holds, or CONVERGE_S. An overrun of a late daemon is paid back over the
-    next frames, so on a loaded host shares take longer to converge, not elsewhere."""
-    before, engine0, start = tenants.busy(), nv.proc_engines()[0], time.monotonic()
-    time.sleep(least)
-    while True:
-        busy, engine, seconds = tenants.busy(), nv.proc_engines()[0], time.monotonic() - start
-        used = [b - a for a, b in zip(before, busy, strict=True)]
-        idle = engine.idle_ns - engine0.idle_ns
-        window = Window([100 * u / sum(used) for u in used],
-                        idle / (idle + engine.busy_ns - engine0.busy_ns), seconds)
-        if ok(window) or seconds >= CONVERGE_S:
-            print(window)
-            return window
-        time.sleep(0.5)
-
-
-def near(*want: float, tol: float) -> Callable[[Window], bool]:
-    """Every share within `tol` percentage points of `want`."""
-    return lambda w: all(abs(g - x) <= tol for g, x in zip(w.shares, want, strict=True))
-
-
-class Tdma:
-    """Cgroups, config, the daemon (D-Bus on a private bus) and the workloads of a test.
-
-    ``tdma(weights)`` starts them; ``restart()`` SIGKILLs the daemon and starts
-    another on the same config and charge journal."""
-
-    def __init__(self, daemon_factory: type[Daemon], tmp: Path) -> None:
-        self.daemon_factory = daemon_factory
-        self.frame_s = 0.1
-        self.config = tmp / "vgpud.toml"
-        self.tmp = tmp
-        self.made: list[Path] = []
-        self.running: list[Tenants] = []
-        self.daemons: list[Daemon] = []
-
-    def __call__(self, weights: Sequence[int], frame_ms: int = 100) -> Tenants:
-        """Start tenants of these weights; return once the daemon has run each of them."""
-        self.frame_s = frame_ms / 1000
-        for i in range(len(weights)):
-            path = CGROOT / f"vgpu-tdma-t{i}"
-            path.mkdir(exist_ok=True)
-            self.made.append(path)
-        self.config.write_text(config_text(self.tmp / "state.json", weights, frame_ms).replace(
-            "[daemon]\n", f'[daemon]\ncharges_path = "{self.tmp / "run" / "charges"}"\n'))
-        self._start_daemon()
-        tenants = Tenants(len(weights), queue_ms=QUEUE_MS, period_ms=PERIOD_MS)
-        self.running.append(tenants)
-        wait_for(lambda: min(tenants.busy()) > 0, WAIT_S, "the daemon to run every tenant")
-        return tenants
-
-    def restart(self) -> Daemon:
-        """SIGKILL the daemon (no stop: groups stay as it left them); start another."""
-        self.daemons[-1].kill()
-        return self._start_daemon()
-
-    def _start_daemon(self) -> Daemon:
-        daemon = self.daemon_factory("--config", str(self.config), log_level="info").start()
-        self.daemons.append(daemon)
-        return daemon
-
-    def close(self) -> None:
-        for tenants in self.running:
-            tenants.close()
-        for d in self.daemons:
-            d.kill()
-            print(d.log())  # shown when the test fails
-        for path in self.made:
-            remove_cgroup(path)
+MODES = ["frame", "runlist"]  # the acceptance holds in both (parametrize tdma indirectly)
 
 
 @pytest.fixture
-def tdma(vgpu: Path, daemon_factory: type[Daemon], tmp_path: Path) -> Iterator[Tdma]:
-    if not (CGROOT / "cgroup.controllers").exists():
-        pytest.skip("cgroup v2 is not mounted at /sys/fs/cgroup in this guest")
-    if not Path(nv.PROC_GROUPS).exists():
-        pytest.skip("nvsim has no work engine (/proc/driver/nvsim/groups)")
-    bus = PrivateBus()
-    os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = bus.address
-    world = Tdma(daemon_factory, tmp_path)
-    try:
-        yield world
-    finally:
-        world.close()
-        bus.close()
-        del os.environ["DBUS_SYSTEM_BUS_ADDRESS"]
+def tdma(vgpu: Path, daemon_factory: type[Daemon], tmp_path: Path,
+         request: pytest.FixtureRequest) -> Iterator[TdmaWorld]:
+    """Frame mode, or the mode a test parametrizes it with (indirect)."""
+    yield from tdma_world(daemon_factory, tmp_path, getattr(request, "param", "frame"))
 
 
+@pytest.mark.parametrize("tdma", MODES, indirect=True)
 def test_weights_50_30_20_within_2pp(tdma) -> None:
     tenants = tdma([50, 30, 20], SHARE_FRAME_MS)
-    window = measure(tenants, near(50, 30, 20, tol=2.0), least=10.0)
+    window = measure(tenants.busy, near(50, 30, 20, tol=2.0), least=10.0)
     assert near(50, 30, 20, tol=2.0)(window), window
 
 
+@pytest.mark.parametrize("tdma", MODES, indirect=True)
 def test_idle_tenant_time_goes_to_the_others_by_weight(tdma) -> None:
     tenants = tdma([50, 30, 20], SHARE_FRAME_MS)
     tenants.command(2, "idle")
@@ -163,13 +86,13 @@ def test_idle_tenant_time_goes_to_the_others_by_weight(tdma) -> None:
     def given_away(w: Window) -> bool:
         return w.shares[2] == 0.0 and near(62.5, 37.5, 0, tol=3.0)(w) and w.idle < 0.05
 
-    window = measure(tenants, given_away, least=10 * tdma.frame_s)
+    window = measure(tenants.busy, given_away, least=10 * tdma.frame_s)
     assert window.shares[2] == 0.0, window
     assert near(62.5, 37.5, 0, tol=3.0)(window), window
     assert window.idle < 0.05, f"GPU idle {window.idle:.1%} of the frames after t2 went idle"
     tenants.command(2, "busy")  # and back: it gets its share again
     wait_for(lambda: tenants.pending(2) > 0, WAIT_S, "t2's work to be queued again")
-    window = measure(tenants, lambda w: abs(w.shares[2] - 20) <= 3.0, least=3.0)
+    window = measure(tenants.busy, lambda w: abs(w.shares[2] - 20) <= 3.0, least=3.0)
     assert abs(window.shares[2] - 20) <= 3.0, window
 
 
@@ -205,7 +128,27 @@ def test_16_tenants_none_starves(tdma, sched_trace: Path) -> None:
             other, most = max(Counter(turns[a + 1:b]).items(), key=lambda kv: kv[1],
                               default=(None, 0))
             assert most <= 1, f"t{i} waited while t{other} got {most} turns: {turns}"
-    window = measure(tenants, lambda w: min(w.shares) >= 100 / 16 / 2, least=5.0)
+    window = measure(tenants.busy, lambda w: min(w.shares) >= 100 / 16 / 2, least=5.0)
+    assert min(window.shares) >= 100 / 16 / 2, window
+
+
+@pytest.mark.parametrize("tdma", ["runlist"], indirect=True)
+def test_16_tenants_none_starves_in_the_runlist(tdma) -> None:
+    """Runlist mode has no turns of the daemon's: the GPU's round robin visits the
+    16 groups, 1024 us each, a round in 16.4 ms (vgpud/core/runlist.py's starvation
+    bound). Judged by nvsim: in each of 10 half-second windows, every tenant, its
+    work always pending, ran, and none got less than half its share overall."""
+    tenants = tdma([100] * 16)
+    before = tenants.busy()
+    for _ in range(10):
+        time.sleep(0.5)
+        dry = [i for i, ns in enumerate(tenants.all_pending()) if ns == 0]
+        assert not dry, f"tenants {dry} ran dry: their workload fell behind"
+        now = tenants.busy()
+        starved = [i for i, (a, b) in enumerate(zip(before, now, strict=True)) if b == a]
+        assert not starved, f"tenants {starved} did not run in 0.5 s"
+        before = now
+    window = measure(tenants.busy, lambda w: min(w.shares) >= 100 / 16 / 2, least=5.0)
     assert min(window.shares) >= 100 / 16 / 2, window
 
 
@@ -213,11 +156,12 @@ def tenant_props(name: str) -> dict:
     return asyncio.run(AdminClient.run(lambda c: c.tenant_properties(tenant_path(name))))
 
 
+@pytest.mark.parametrize("tdma", MODES, indirect=True)
 def test_weight_change_over_dbus_applies_at_the_next_frame(tdma) -> None:
     """The new weight is the daemon's at its next frame (tests/unit/test_tdma.py checks
     the frame): here, D-Bus to the GPU, the shares move and the properties follow."""
     tenants = tdma([100, 100], SHARE_FRAME_MS)
-    window = measure(tenants, near(50, 50, tol=3.0), least=2.0)
+    window = measure(tenants.busy, near(50, 50, tol=3.0), least=2.0)
     assert near(50, 50, tol=3.0)(window), window
 
     async def set_weight(client: AdminClient) -> None:
@@ -225,7 +169,7 @@ def test_weight_change_over_dbus_applies_at_the_next_frame(tdma) -> None:
 
     asyncio.run(AdminClient.run(set_weight))
     time.sleep(tdma.frame_s + 0.05)
-    window = measure(tenants, near(25, 75, tol=3.0), least=3.0)
+    window = measure(tenants.busy, near(25, 75, tol=3.0), least=3.0)
     assert near(25, 75, tol=3.0)(window), window
     props = tenant_props("t1")
     assert props["Weight"] == 300 and props["Share"] == {0: 75.0}, props
@@ -285,11 +229,11 @@ def test_sigkill_and_restart_keep_scheduling_the_groups(tdma) -> None:
     without it, the module would turn them all back on at its registration and
     nvsim's round robin would give them equal time."""
     tenants = tdma([300, 100], SHARE_FRAME_MS)
-    window = measure(tenants, near(75, 25, tol=5.0), least=2.0)
+    window = measure(tenants.busy, near(75, 25, tol=5.0), least=2.0)
     assert near(75, 25, tol=5.0)(window), window
     daemon = tdma.restart()
     time.sleep(0.5)
-    window = measure(tenants, near(75, 25, tol=4.0), least=3.0)
+    window = measure(tenants.busy, near(75, 25, tol=4.0), least=3.0)
     assert near(75, 25, tol=4.0)(window), window
     # the targets of known groups, published once a second
     wait_for(lambda: shares_over_dbus(2) == [{0: 75.0}, {0: 25.0}], WAIT_S,

@@ -81,6 +81,9 @@ _ERRORS: dict[type[AdminError], str] = {
 
 GpuBytes = Annotated[dict[int, int], DBusSignature("a{ut}")]
 GpuPercent = Annotated[dict[int, float], DBusSignature("a{ud}")]
+GpuText = Annotated[dict[int, str], DBusSignature("a{us}")]
+GpuSlices = Annotated[dict[int, list[int]], DBusSignature("a{uau}")]
+GpuCounts = Annotated[dict[int, int], DBusSignature("a{ut}")]
 TenantList = Annotated[list[list[Any]], DBusSignature("a(so)")]
 GpuList = Annotated[list[list[Any]], DBusSignature("a(ustt)")]
 Options = Annotated[dict[str, Variant], DBusSignature("a{sv}")]
@@ -121,7 +124,7 @@ _PROPERTIES = {
     BINDINGS: ("Pids", "Cgroups"),
     USAGE: ("MemoryUsed",),
     CONTEXTS: ("Contexts",),
-    SHARES: ("Share", "MeasuredShare"),
+    SHARES: ("Share", "MeasuredShare", "Timeslices", "Preemptions"),
 }
 
 class Latency(Protocol):
@@ -141,6 +144,12 @@ class Shares(Protocol):
     def share(self, tenant: str) -> dict[int, float]: ...
 
     def measured_share(self, tenant: str) -> dict[int, float]: ...
+
+    def modes(self) -> dict[int, str]: ...
+
+    def timeslices(self, tenant: str) -> dict[int, list[int]]: ...
+
+    def preemptions(self, tenant: str) -> dict[int, int]: ...
 
 
 # The sender of the method call being dispatched: set by a message handler
@@ -287,6 +296,12 @@ class ManagerInterface(ServiceInterface):
         probes = self._service.probes
         return probes.status if probes is not None else "off: not part of this daemon"
 
+    @dbus_property(access=PropertyAccess.READ)
+    def SchedMode(self) -> GpuText:
+        """GPU index -> "runlist", "frame", or "frame (runlist refused: <why>)"."""
+        scheduler = self._service.scheduler
+        return {} if scheduler is None else scheduler.modes()
+
     @dbus_method()
     def GetLatency(self, tenant: DBusStr, kind: DBusStr) -> LatencyList:
         """(call kind, histogram, counts by log2 bucket, sum of ns) of the tenant's
@@ -384,6 +399,18 @@ class TenantInterface(ServiceInterface):
     def MeasuredShare(self) -> GpuPercent:
         """GPU index -> percent of GPU time measured over the last second."""
         return {} if self._scheduler is None else self._scheduler.measured_share(self._name)
+
+    @dbus_property(access=PropertyAccess.READ)
+    def Timeslices(self) -> GpuSlices:
+        """GPU index -> the timeslices (us) set on the tenant's channel groups
+        there (runlist mode), one per group."""
+        return {} if self._scheduler is None else self._scheduler.timeslices(self._name)
+
+    @dbus_property(access=PropertyAccess.READ)
+    def Preemptions(self) -> GpuCounts:
+        """GPU index -> how often the tenant's new work (a priority tenant's)
+        preempted the best-effort groups there."""
+        return {} if self._scheduler is None else self._scheduler.preemptions(self._name)
 
     @dbus_property(access=PropertyAccess.READ)
     def Uvm(self) -> DBusStr:

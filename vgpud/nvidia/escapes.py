@@ -208,6 +208,7 @@ LIMITED_CLASS_KIND = {c: kind for kind, cs in OBJECT_LIMIT_CLASSES.items() for c
 
 class NvStatus(IntEnum):
     OK = 0x0
+    INSUFFICIENT_PERMISSIONS = 0x1B
     INSUFFICIENT_RESOURCES = 0x1A
     INVALID_ADDRESS = 0x1E
     INVALID_ARGUMENT = 0x1F
@@ -215,6 +216,7 @@ class NvStatus(IntEnum):
     INVALID_OBJECT_PARENT = 0x36
     INVALID_PARAM_STRUCT = 0x3A
     NO_MEMORY = 0x51
+    NOT_SUPPORTED = 0x56
 
 
 class FbInfoIndex(IntEnum):

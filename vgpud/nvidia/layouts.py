@@ -28,6 +28,7 @@ __all__ = [
     "DecodeError",
     "DeviceAllocParams",
     "MemoryAllocParams",
+    "PreemptParams",
     "RmAlloc",
     "RmAllocMemory",
     "RmControl",
@@ -38,7 +39,10 @@ __all__ = [
     "VidHeapControl",
     "VidHeapInfo",
     "decode_call",
+    "decode_preempt",
+    "decode_timeslice",
     "decode_vid_heap_info",
+    "encode_timeslice",
     "rewrite_fb_info",
     "rewrite_fb_info_v2",
     "rewrite_vid_heap_info",
@@ -163,6 +167,22 @@ NV2080_CTRL_FB_GET_INFO_V2_PARAMS = CStruct(
     "NV2080_CTRL_FB_GET_INFO_V2_PARAMS",
     ("fbInfoListSize", "I"), ("fbInfoList", f"{2 * FB_INFO_MAX_LIST_SIZE}I"),
 )
+
+# KEPLER_CHANNEL_GROUP_A (0xA06C) control params, from ctrla06c.h of NVIDIA's
+# open-gpu-kernel-modules (src/common/sdk/nvidia/inc/ctrl/ctrla06c.h):
+# SET/GET_TIMESLICE's, PREEMPT's (two NvBools, then a 4-aligned NvU32) and
+# SET/GET_INTERLEAVE_LEVEL's.
+NVA06C_CTRL_TIMESLICE_PARAMS = CStruct("NVA06C_CTRL_TIMESLICE_PARAMS", ("timesliceUs", "Q"))
+NVA06C_CTRL_PREEMPT_PARAMS = CStruct(
+    "NVA06C_CTRL_PREEMPT_PARAMS",
+    ("bWait", "B"), ("bManualTimeout", "B"), (None, "2x"), ("timeoutUs", "I"),
+)
+NVA06C_CTRL_INTERLEAVE_LEVEL_PARAMS = CStruct(
+    "NVA06C_CTRL_INTERLEAVE_LEVEL_PARAMS", ("tsgInterleaveLevel", "I"),
+)
+# The channel-group control params the daemon answers for the driver (SchedPolicy).
+TSG_CONTROL_LAYOUTS = (NVA06C_CTRL_TIMESLICE_PARAMS, NVA06C_CTRL_PREEMPT_PARAMS,
+                       NVA06C_CTRL_INTERLEAVE_LEVEL_PARAMS)
 
 LAYOUTS = (NVOS00, NVOS21, NVOS64, NVOS54, NVOS33_WITH_FD, NVOS02_WITH_FD, NVOS32, NVOS32_TILED,
            NVOS32_RANGE, NVOS32_INFO, NVOS55, NV_MEMORY_ALLOCATION_PARAMS, NV0080_ALLOC_PARAMETERS,
@@ -423,6 +443,29 @@ def decode_call(nr: int, params: bytes, data: bytes | None = None) -> Call | Non
     """
     decoder = _DECODERS.get(nr)
     return None if decoder is None else decoder(params, data)
+
+
+class PreemptParams(NamedTuple):
+    """NVA06C_CTRL_PREEMPT_PARAMS."""
+
+    wait: bool
+    manual_timeout: bool
+    timeout_us: int
+
+
+def decode_timeslice(data: bytes) -> int:
+    """NVA06C_CTRL_TIMESLICE_PARAMS: the timeslice in microseconds."""
+    (us,) = NVA06C_CTRL_TIMESLICE_PARAMS.unpack_exact(data)
+    return int(us)
+
+
+def encode_timeslice(us: int) -> bytes:
+    return NVA06C_CTRL_TIMESLICE_PARAMS.struct.pack(us)
+
+
+def decode_preempt(data: bytes) -> PreemptParams:
+    wait, manual, timeout = NVA06C_CTRL_PREEMPT_PARAMS.unpack_exact(data)
+    return PreemptParams(bool(wait), bool(manual), timeout)
 
 
 _FB_ENTRY = FB_INFO_ENTRY.struct

@@ -1,15 +1,26 @@
-"""SchedulerService: the asyncio adapter around one TdmaScheduler per GPU.
+"""SchedulerService: the asyncio adapter around one scheduling core per GPU.
+
+Each GPU runs in one of two modes (vgpud.sched.modes; ``[daemon] sched_mode``):
+``runlist`` (a RunlistPlanner sets the channel groups' timeslices and the GPU's
+round robin switches) or ``frame`` (a TdmaScheduler turns tenants on and off in
+frames). A GPU whose driver refuses a TIMESLICE entry falls back to ``frame``
+for good, with one log line; ``modes()`` says so.
 
 Inputs, each turned into core events at the current time:
 - the GroupTracker's events (it observes the tracker): GroupCreated /
   GroupFreed, a group its owner paused counting as freed until it is resumed;
 - the Manager's events (it observes the Manager): TenantAdded / TenantRemoved, and
-  Weight/Cap/PriorityChanged, from D-Bus changes and reloads alike (the core
-  stages them: they apply at its next frame);
+  Weight/Cap/PriorityChanged, from D-Bus changes and reloads alike (the frame
+  core stages them until its next frame, the planner applies them at once);
 - the activity source, polled: Runnable / Idle per tenant per GPU (without a
-  source, a tenant is runnable on a GPU while it has a group there);
+  source, a tenant is runnable on a GPU while it has a group there); in
+  runlist mode Submitted / Idle instead, and each poll's busy time as a
+  BusySample. Without a source the planner gets neither (it needs none: the
+  hardware skips groups without work), and priority tenants are planned by
+  their weights alone. Without a priority tenant, runlist mode polls at most
+  every RUNLIST_POLL seconds: its feedback windows span hundreds of ms;
 - a timer per GPU at the core's next deadline: Tick.
-Each plan the core returns (outgoing GroupsOff before incoming GroupsOn)
+Each plan the core returns (GroupsOff, then SetTimeslice, GroupsOn, Preempt)
 becomes one actuator call with the entries in that order. Calls go out in the
 order of the decisions (tasks start in creation order, and a call sends its
 request before its first await).
@@ -20,7 +31,8 @@ is not up yet) is switched when it starts; so are the groups the tracker
 already holds when the service is made (a restarted daemon's, from the charge
 journal), each as if just created, or turned off for good if paused.
 ``stop`` turns every known group on again (but those their owners paused),
-so that tenants do not stay switched off without a daemon.
+so that tenants do not stay switched off without a daemon, and on a GPU in
+runlist mode first gives every group the driver's default timeslice back.
 Shares are published to ``observers`` (SharesChanged) at most once per
 SHARE_INTERVAL.
 """
@@ -52,19 +64,23 @@ from vgpud.core.groups import (
     GroupTracker,
 )
 from vgpud.core.observers import Topic
+from vgpud.core.runlist import (
+    Action,
+    BusySample,
+    Event,
+    Preempt,
+    RunlistPlanner,
+    SetTimeslice,
+    Submitted,
+)
 from vgpud.core.shares import SharesChanged, target_shares
 from vgpud.core.tdma import (
-    MIN_SLOT_US,
-    Action,
     CapChanged,
-    Event,
     GroupCreated,
     GroupFreed,
-    GroupsOn,
     Idle,
     PriorityChanged,
     Runnable,
-    TdmaConfig,
     TdmaScheduler,
     TenantAdded,
     TenantRemoved,
@@ -72,15 +88,28 @@ from vgpud.core.tdma import (
     WeightChanged,
 )
 from vgpud.core.tenants import Priority, Tenant
-from vgpud.kernel.uapi import Sched, SchedState
+from vgpud.kernel.uapi import Sched, SchedResult, SchedState
 from vgpud.sched.activity import Activity, ActivitySource
 from vgpud.sched.actuator import Actuator
+from vgpud.sched.modes import (
+    FRAME,
+    RUNLIST,
+    Core,
+    Mode,
+    describe,
+    frame_config,
+    refusal,
+    restore_entries,
+    runlist_config,
+    to_entries,
+)
 
-__all__ = ["SchedStats", "SchedulerService"]
+__all__ = ["SchedActuator", "SchedStats", "SchedulerService"]
 
 log = logging.getLogger(__name__)
 
 SHARE_INTERVAL = 1.0  # seconds between share updates
+RUNLIST_POLL = 0.1  # seconds between polls in runlist mode while no tenant is priority
 STOP_TIMEOUT = 2.0
 KEEP_SAMPLES = 100_000  # the latest latency samples kept for the stats
 _SCHED_FIELDS = frozenset({"weight", "cap", "priority"})
@@ -93,28 +122,40 @@ class CallLater(Protocol):
                  ) -> asyncio.TimerHandle: ...
 
 
+class SchedActuator(Actuator, Protocol):
+    """An actuator that answers each entry's result (ModuleActuator)."""
+
+    async def run(self, entries: Sequence[Sched]) -> list[SchedResult | None]: ...
+
+
 @dataclass(slots=True)
 class SchedStats:
     switches: int = 0  # plans with an incoming or outgoing tenant
     entries: int = 0
     rejected: int = 0  # events the core refused (logged)
     polls: int = 0
+    timeslices: int = 0  # TIMESLICE entries decided
+    preempts: int = 0  # PREEMPT entries decided
     latency_ns: deque[int] = field(default_factory=lambda: deque(maxlen=KEEP_SAMPLES))
     lateness_ns: deque[int] = field(default_factory=lambda: deque(maxlen=KEEP_SAMPLES))
     # latency: decision -> call answered; lateness: deadline -> timer ran
 
     def summary(self) -> dict[str, object]:
         return {"switches": self.switches, "entries": self.entries, "rejected": self.rejected,
-                "polls": self.polls, "latency_us": _percentiles(self.latency_ns),
+                "polls": self.polls, "timeslices": self.timeslices, "preempts": self.preempts,
+                "latency_us": _percentiles(self.latency_ns),
                 "lateness_us": _percentiles(self.lateness_ns)}
 
 
 @dataclass(slots=True)
 class _Gpu:
     index: int
-    core: TdmaScheduler
+    mode: Mode
+    core: Core
+    refused: str | None = None  # why runlist mode was given up here
     groups: dict[str, int] = field(default_factory=dict)  # tenant -> live groups here
     runnable: set[str] = field(default_factory=set)  # as told to the core
+    preempts: dict[str, int] = field(default_factory=dict)  # tenant -> preemptions it caused
     timer: asyncio.TimerHandle | None = None
     deadline_us: int | None = None
 
@@ -135,7 +176,10 @@ class SchedulerService:
         self.manager = manager
         self.tracker = tracker
         self.activity = activity
-        self.config = _config(manager.config.daemon.frame_ms)
+        daemon = manager.config.daemon
+        self.mode: Mode = daemon.sched_mode
+        self.config = frame_config(daemon.frame_ms)
+        self.runlist_config = runlist_config(daemon.frame_ms)
         self.stats = SchedStats()
         self.observers: Topic[SharesChanged] = Topic()
         self._clock = clock
@@ -146,14 +190,15 @@ class SchedulerService:
         self._gpus: dict[int, _Gpu] = {}
         self._groups: dict[int, Group] = {}  # group id -> group, as the cores know them
         self._tenants: dict[str, Tenant] = {t.name: t for t in manager.tenants}
-        self._actuator: Actuator | None = None
-        self._backlog: list[tuple[list[Sched], int]] = []
+        self._actuator: SchedActuator | None = None
+        self._backlog: list[tuple[list[Sched], int, _Gpu | None]] = []
         self._inflight: set[asyncio.Task[None]] = set()
         self._runner: asyncio.Task[None] | None = None  # the polling and share loops
         self._busy: Mapping[tuple[int, str], int] = {}
         self._busy_prev: tuple[int, Mapping[tuple[int, str], int]] | None = None
         self._shares: dict[str, dict[int, float]] = {}
         self._measured: dict[str, dict[int, float]] = {}
+        self._published: dict[str, tuple[dict[int, list[int]], dict[int, int]]] = {}
         for gpu in manager.gpus:
             self._gpu(gpu.index)
         for group in tracker:  # restored: the module turned back on those left off
@@ -164,23 +209,30 @@ class SchedulerService:
 
     # --- lifecycle ---
 
-    def start(self, actuator: Actuator) -> None:
+    def start(self, actuator: SchedActuator) -> None:
         """Actuate from now on (on the running loop); poll and publish shares."""
         self._actuator = actuator
         backlog, self._backlog = self._backlog, []
-        for entries, decided in backlog:
-            self._send(entries, decided)
+        for entries, decided, gpu in backlog:
+            self._send(entries, decided, gpu)
         if self._call_later is None:
             self._call_later = asyncio.get_running_loop().call_later
         self._runner = asyncio.create_task(self._run())
         for gpu in self._gpus.values():
             self._arm(gpu, self._now())
-        log.info("scheduler: %d GPUs, frame %d us, min slot %d us, activity %s",
-                 len(self._gpus), self.config.frame_us, self.config.min_slot_us,
-                 self.activity.name if self.activity else "none")
+        if self.mode == RUNLIST:
+            log.info("scheduler: %d GPUs, runlist mode (base timeslice %d us, caps' frame "
+                     "%d us), activity %s", len(self._gpus), self.runlist_config.base_slice_us,
+                     self.runlist_config.frame_us,
+                     self.activity.name if self.activity else "none")
+        else:
+            log.info("scheduler: %d GPUs, frame mode (frame %d us, min slot %d us), "
+                     "activity %s", len(self._gpus), self.config.frame_us,
+                     self.config.min_slot_us, self.activity.name if self.activity else "none")
 
     async def stop(self) -> None:
-        """Stop deciding; turn every group on again; log the figures."""
+        """Stop deciding; give groups the default timeslice back (runlist mode)
+        and turn every group on again; log the figures."""
         actuator, self._actuator = self._actuator, None  # no timer is armed from here
         for gpu in self._gpus.values():
             if gpu.timer is not None:
@@ -194,8 +246,10 @@ class SchedulerService:
             self.activity.close()
         if actuator is None:
             return
-        entries = [Sched(g.ctx, g.client, g.handle, True) for g in self.tracker
-                   if not self.tracker.paused(g)]
+        runlist = {i for i, gpu in self._gpus.items() if gpu.mode == RUNLIST}
+        entries = restore_entries(g for g in self.tracker if g.gpu in runlist)
+        entries += [Sched(g.ctx, g.client, g.handle, True) for g in self.tracker
+                    if not self.tracker.paused(g)]
         try:
             async with asyncio.timeout(STOP_TIMEOUT):
                 if self._inflight:
@@ -217,8 +271,31 @@ class SchedulerService:
         """GPU -> the share of GPU time (percent) measured over the last interval."""
         return dict(self._measured.get(tenant, {}))
 
+    def modes(self) -> dict[int, str]:
+        """GPU -> its mode: "runlist", "frame", or "frame (runlist refused: why)"."""
+        return {i: describe(gpu.mode, gpu.refused) for i, gpu in self._gpus.items()}
+
+    def timeslices(self, tenant: str) -> dict[int, list[int]]:
+        """GPU -> the timeslices (us) last set on the tenant's groups there, in
+        group order (runlist mode only)."""
+        out: dict[int, list[int]] = {}
+        for i, gpu in self._gpus.items():
+            if isinstance(gpu.core, RunlistPlanner):
+                slices = [us for (t, _), us in sorted(gpu.core.timeslices().items())
+                          if t == tenant]
+                if slices:
+                    out[i] = slices
+        return out
+
+    def preemptions(self, tenant: str) -> dict[int, int]:
+        """GPU -> the times the tenant's new work preempted the best-effort groups."""
+        return {i: gpu.preempts[tenant] for i, gpu in self._gpus.items()
+                if tenant in gpu.preempts}
+
     def running(self) -> dict[int, str | None]:
-        return {i: gpu.core.running for i, gpu in self._gpus.items()}
+        """GPU -> the tenant switched on (frame mode); None in runlist mode."""
+        return {i: gpu.core.running if isinstance(gpu.core, TdmaScheduler) else None
+                for i, gpu in self._gpus.items()}
 
     def gpu_time_ns(self) -> dict[tuple[int, str], int] | None:
         """(GPU, tenant) -> GPU time the activity source measured since it
@@ -284,58 +361,58 @@ class SchedulerService:
             for gpu in self._gpus.values():
                 gpu.runnable.discard(name)
                 gpu.groups.pop(name, None)
+                gpu.preempts.pop(name, None)
                 self._handle(gpu, TenantRemoved(name))
         for name in added:
             tenant = tenants[name]
             self._tenants[name] = tenant
             for gpu in self._gpus.values():
-                self._handle(gpu, self._added(tenant))
+                self._handle(gpu, self._added(tenant, gpu))
 
     def _tenant_changed(self, name: str, fields: frozenset[str]) -> None:
         if not fields & _SCHED_FIELDS or name not in self._tenants:
             return
         tenant = self.manager.tenant(name)
         self._tenants[name] = tenant
-        events: list[Event] = []
-        if "weight" in fields:
-            events.append(WeightChanged(name, tenant.weight))
-        if "cap" in fields:
-            events.append(CapChanged(name, self._cap(tenant, warn=True)))
-        if "priority" in fields:
-            events.append(PriorityChanged(name, tenant.priority is Priority.PRIORITY))
         for gpu in self._gpus.values():
-            for event in events:
-                self._handle(gpu, event)
+            if "weight" in fields:
+                self._handle(gpu, WeightChanged(name, tenant.weight))
+            if "cap" in fields:
+                self._handle(gpu, CapChanged(name, self._cap(tenant, gpu, warn=True)))
+            if "priority" in fields:
+                self._handle(gpu, PriorityChanged(name, tenant.priority is Priority.PRIORITY))
 
     def _settings_changed(self) -> None:
-        frame_us = self.manager.config.daemon.frame_ms * 1000
-        if frame_us != self.config.frame_us:
-            log.warning("scheduler: frame_ms changes apply at the next start (now %d us)",
-                        self.config.frame_us)
+        daemon = self.manager.config.daemon
+        if daemon.frame_ms * 1000 != self.config.frame_us or daemon.sched_mode != self.mode:
+            log.warning("scheduler: frame_ms and sched_mode changes apply at the next start "
+                        "(now %d ms, %s)", self.config.frame_us // 1000, self.mode)
 
     # --- the cores ---
 
     def _gpu(self, index: int) -> _Gpu:
         gpu = self._gpus.get(index)
         if gpu is None:
-            gpu = self._gpus[index] = _Gpu(index, TdmaScheduler(self.config))
+            core: Core = (RunlistPlanner(self.runlist_config) if self.mode == RUNLIST
+                          else TdmaScheduler(self.config))
+            gpu = self._gpus[index] = _Gpu(index, self.mode, core)
             for tenant in self._tenants.values():
-                self._handle(gpu, self._added(tenant))
+                self._handle(gpu, self._added(tenant, gpu))
         return gpu
 
-    def _added(self, tenant: Tenant) -> TenantAdded:
-        return TenantAdded(tenant.name, tenant.weight, self._cap(tenant, warn=True),
+    def _added(self, tenant: Tenant, gpu: _Gpu) -> TenantAdded:
+        return TenantAdded(tenant.name, tenant.weight, self._cap(tenant, gpu, warn=True),
                            tenant.priority is Priority.PRIORITY)
 
-    def _cap(self, tenant: Tenant, *, warn: bool = False) -> int | None:
-        """The tenant's cap, raised to what one min slot per frame needs."""
+    def _cap(self, tenant: Tenant, gpu: _Gpu, *, warn: bool = False) -> int | None:
+        """The tenant's cap, raised to the least the GPU's core can keep."""
         cap = tenant.cap
-        low = self.config.cap_floor
+        low = gpu.core.config.cap_floor
         if cap is None or cap >= low:
             return cap
         if warn:
-            log.warning("scheduler: cap %d%% of %s raised to %d%% (one min slot per frame)",
-                        cap, tenant.name, low)
+            log.warning("scheduler: cap %d%% of %s raised to %d%% on GPU %d (the least its "
+                        "%s mode keeps)", cap, tenant.name, low, gpu.index, gpu.mode)
         return low
 
     def _now(self) -> int:
@@ -348,21 +425,31 @@ class SchedulerService:
             return
         if runnable:
             gpu.runnable.add(tenant)
-            self._handle(gpu, Runnable(tenant))
         else:
             gpu.runnable.discard(tenant)
-            self._handle(gpu, Idle(tenant))
+        if gpu.mode == FRAME:
+            self._handle(gpu, Runnable(tenant) if runnable else Idle(tenant))
+        elif self.activity is not None:  # no source: the planner needs no signal
+            self._handle(gpu, Submitted(tenant) if runnable else Idle(tenant))
 
     def _handle(self, gpu: _Gpu, event: Event) -> None:
         now = self._now()
         try:
-            actions = gpu.core.handle(event, now)
+            actions: Sequence[Action]
+            if isinstance(gpu.core, RunlistPlanner):
+                actions = gpu.core.handle(event, now)
+            elif isinstance(event, BusySample | Submitted):
+                actions = []  # the frame core needs neither
+            else:
+                actions = gpu.core.handle(event, now)
         except ValueError as exc:
             self.stats.rejected += 1
             log.warning("scheduler: GPU %d refused %s: %s", gpu.index, event, exc)
             return
         if actions:
-            self._actuate(actions)
+            if isinstance(event, Submitted) and any(isinstance(a, Preempt) for a in actions):
+                gpu.preempts[event.tenant] = gpu.preempts.get(event.tenant, 0) + 1
+            self._actuate(gpu, actions)
         self._arm(gpu, now)
 
     def _tick(self, gpu: _Gpu) -> None:
@@ -391,37 +478,61 @@ class SchedulerService:
         delay = -(-max(deadline - now, 0) // 1000) / 1000
         gpu.timer = self._call_later(delay, self._tick, gpu)
 
-    def _actuate(self, actions: list[Action]) -> None:
-        entries = []
-        for action in actions:
-            on = isinstance(action, GroupsOn)
-            for gid in action.groups:
-                group = self._groups.get(gid)
-                if group is not None:
-                    entries.append(Sched(group.ctx, group.client, group.handle, on))
-        if entries:
+    def _actuate(self, gpu: _Gpu, actions: Sequence[Action]) -> None:
+        entries = to_entries(actions, self._groups)
+        if not entries:
+            return
+        if any(not isinstance(a, SetTimeslice | Preempt) for a in actions):
             self.stats.switches += 1
-            self._submit(entries)
+        self.stats.timeslices += sum(e.enable == SchedState.TIMESLICE for e in entries)
+        self.stats.preempts += sum(e.enable == SchedState.PREEMPT for e in entries)
+        self._submit(entries, gpu)
 
-    def _submit(self, entries: list[Sched]) -> None:
+    def _submit(self, entries: list[Sched], gpu: _Gpu | None = None) -> None:
+        """Send ``entries`` (one call); ``gpu``: check its TIMESLICE entries' results."""
         self.stats.entries += len(entries)
         decided = self._clock()
         if self._actuator is None:
-            self._backlog.append((entries, decided))
+            self._backlog.append((entries, decided, gpu))
         else:
-            self._send(entries, decided)
+            self._send(entries, decided, gpu)
 
-    def _send(self, entries: list[Sched], decided: int) -> None:
-        task = asyncio.get_running_loop().create_task(self._apply(entries, decided))
+    def _send(self, entries: list[Sched], decided: int, gpu: _Gpu | None) -> None:
+        task = asyncio.get_running_loop().create_task(self._apply(entries, decided, gpu))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 
-    async def _apply(self, entries: list[Sched], decided: int) -> None:
+    async def _apply(self, entries: list[Sched], decided: int, gpu: _Gpu | None) -> None:
         actuator = self._actuator
         if actuator is None:
             return
-        await actuator.apply(entries)
+        if gpu is None or not any(e.enable == SchedState.TIMESLICE for e in entries):
+            await actuator.apply(entries)
+        else:
+            why = refusal(entries, await actuator.run(entries))
+            if why is not None:
+                self._fall_back(gpu, why)
         self.stats.latency_ns.append(self._clock() - decided)
+
+    def _fall_back(self, gpu: _Gpu, why: str) -> None:
+        """Frame mode on this GPU for good: a new TdmaScheduler told all it must know."""
+        if gpu.mode == FRAME or self._actuator is None:
+            return
+        log.warning("scheduler: GPU %d: the driver refused a timeslice (%s); frame mode "
+                    "from now on", gpu.index, why)
+        gpu.mode, gpu.refused = FRAME, why
+        gpu.core = TdmaScheduler(self.config)
+        if gpu.timer is not None:
+            gpu.timer.cancel()
+            gpu.timer = None
+        gpu.deadline_us = None
+        for tenant in self._tenants.values():
+            self._handle(gpu, self._added(tenant, gpu))
+        for name in sorted(gpu.runnable):
+            self._handle(gpu, Runnable(name))
+        for group in list(self._groups.values()):
+            if group.gpu == gpu.index:
+                self._handle(gpu, GroupCreated(group.tenant, group.id))
 
     # --- activity and shares ---
 
@@ -437,7 +548,15 @@ class SchedulerService:
     async def _poll_loop(self, source: ActivitySource) -> None:
         while True:
             await self.poll()
-            await asyncio.sleep(source.interval)
+            await asyncio.sleep(self._poll_interval(source))
+
+    def _poll_interval(self, source: ActivitySource) -> float:
+        """The source's interval; longer in runlist mode while no tenant is priority
+        (then only the feedback and the shares read it)."""
+        if any(gpu.mode == FRAME for gpu in self._gpus.values()) or any(
+                t.priority is Priority.PRIORITY for t in self._tenants.values()):
+            return source.interval
+        return max(source.interval, RUNLIST_POLL)
 
     async def poll(self) -> None:
         """Poll the activity source once; Runnable / Idle where it changed."""
@@ -460,6 +579,10 @@ class SchedulerService:
         self._busy = activity.busy_ns
         runnable = activity.runnable
         for gpu in self._gpus.values():
+            if gpu.mode == RUNLIST:  # measured first: a wake-up may close its window
+                busy = {tenant: ns // 1000 for (index, tenant), ns in self._busy.items()
+                        if index == gpu.index and tenant in self._tenants}
+                self._handle(gpu, BusySample(busy))
             for tenant in list(gpu.runnable):
                 if (gpu.index, tenant) not in runnable:
                     self._set_runnable(gpu, tenant, False)
@@ -473,10 +596,11 @@ class SchedulerService:
             await asyncio.sleep(self._share_interval)
 
     def publish_shares(self) -> None:
-        """Recompute target and measured shares; tell listeners whose changed."""
+        """Recompute target and measured shares; tell listeners whose changed (or
+        whose timeslices or preemptions did)."""
         shares: dict[str, dict[int, float]] = {}
         for gpu in self._gpus.values():
-            entitled = {t: (self._tenants[t].weight, self._cap(self._tenants[t]))
+            entitled = {t: (self._tenants[t].weight, self._cap(self._tenants[t], gpu))
                         for t in gpu.runnable if t in self._tenants}
             for tenant, share in target_shares(entitled).items():
                 shares.setdefault(tenant, {})[gpu.index] = round(share, 1)
@@ -496,18 +620,13 @@ class SchedulerService:
         changed |= {t for t in measured.keys() | self._measured.keys()
                     if measured.get(t) != self._measured.get(t)}
         self._shares, self._measured = shares, measured
+        published = {t: (self.timeslices(t), self.preemptions(t)) for t in self._tenants}
+        changed |= {t for t, now_ in published.items()
+                    if now_ != self._published.get(t, ({}, {}))}
+        self._published = published
         changed &= self._tenants.keys()
         if changed:
             self.observers.notify(SharesChanged(tuple(sorted(changed))))
-
-
-def _config(frame_ms: int) -> TdmaConfig:
-    frame_us = frame_ms * 1000
-    if frame_us < MIN_SLOT_US:
-        log.warning("scheduler: frame_ms=%d is shorter than one min slot; using %d us",
-                    frame_ms, MIN_SLOT_US)
-        frame_us = MIN_SLOT_US
-    return TdmaConfig(frame_us=frame_us, min_slot_us=MIN_SLOT_US)
 
 
 def _percentiles(samples_ns: Sequence[int]) -> dict[str, float]:

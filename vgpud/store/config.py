@@ -3,7 +3,9 @@
     [daemon]
     default_tenant = "shared"      # openers matching no tenant; unset: refuse (EACCES)
     admin_group = "vgpu-admin"     # may change tenants at runtime
-    frame_ms = 100                 # TDMA frame length
+    frame_ms = 100                 # TDMA frame length (frame mode); caps' period (runlist)
+    sched_mode = "runlist"         # or "frame": how GPU time is shared (docs/operations.md)
+    sched_activity = "auto"        # or "none": no activity source (nvsim, NVML) is polled
     state_path = "/var/lib/vgpud/state.json"
     charges_path = "/run/vgpud/charges"   # charge journal (a tmpfs: kept across restarts)
 
@@ -47,7 +49,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -82,6 +84,11 @@ class DaemonSettings(BaseModel):
     default_tenant: TenantName | None = None
     admin_group: str = "vgpu-admin"
     frame_ms: _Ms = 100
+    # runlist: the GPU's round robin slices time, vgpud sets each channel group's
+    # timeslice; frame: vgpud switches tenants on and off in frames of frame_ms.
+    sched_mode: Literal["runlist", "frame"] = "runlist"
+    # auto: nvsim's counters, else NVML, else none; none: never poll one.
+    sched_activity: Literal["auto", "none"] = "auto"
     state_path: Path = DEFAULT_STATE_PATH
     charges_path: Path = DEFAULT_CHARGES_PATH
 
