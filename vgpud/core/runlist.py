@@ -115,7 +115,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from vgpud.core.tdma import (
-    MAX_WEIGHT,
     CapChanged,
     GroupCreated,
     GroupFreed,
@@ -125,9 +124,13 @@ from vgpud.core.tdma import (
     PriorityChanged,
     Runnable,
     TenantAdded,
+    TenantEvent,
     TenantRemoved,
     Tick,
     WeightChanged,
+    check_now,
+    check_tenant_event,
+    is_int,
 )
 
 __all__ = [
@@ -177,11 +180,11 @@ class RunlistConfig:
         for name in ("base_slice_us", "min_timeslice_us", "max_timeslice_us", "max_round_us",
                      "frame_us", "window_rounds", "priority_slice_us", "short_slice_us"):
             value = getattr(self, name)
-            if not _is_int(value) or value <= 0:
+            if not is_int(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         for name in ("hysteresis_pct", "preempt_holdoff_us"):
             value = getattr(self, name)
-            if not _is_int(value) or value < 0:
+            if not is_int(value) or value < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
         lo, hi = self.min_timeslice_us, self.max_timeslice_us
         for name in ("base_slice_us", "priority_slice_us", "short_slice_us"):
@@ -238,20 +241,7 @@ class Preempt:
     groups: tuple[int, ...]
 
 
-Event = (
-    TenantAdded
-    | TenantRemoved
-    | Runnable
-    | Idle
-    | WeightChanged
-    | CapChanged
-    | PriorityChanged
-    | GroupCreated
-    | GroupFreed
-    | Tick
-    | BusySample
-    | Submitted
-)
+Event = TenantEvent | Tick | BusySample | Submitted
 Action = GroupsOff | SetTimeslice | GroupsOn | Preempt
 
 _TENANT_EVENTS = (TenantAdded, TenantRemoved, Runnable, Idle, WeightChanged, CapChanged,
@@ -269,10 +259,6 @@ class _Tenant:
     submitted: bool = False  # since the last window closed
     busy_mark: int = 0  # the last cumulative busy seen
     window_busy: int = 0
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class RunlistPlanner:
@@ -336,10 +322,7 @@ class RunlistPlanner:
     # --- input ---------------------------------------------------------------
 
     def _validate(self, event: Event, now_us: int) -> None:
-        if not _is_int(now_us) or now_us < 0:
-            raise ValueError(f"now_us must be a non-negative integer, got {now_us!r}")
-        if self._now is not None and now_us < self._now:
-            raise ValueError(f"time went backwards: now_us={now_us} < {self._now}")
+        check_now(now_us, self._now)
         if isinstance(event, Tick):
             return
         if isinstance(event, BusySample):
@@ -347,34 +330,11 @@ class RunlistPlanner:
             return
         if not isinstance(event, _TENANT_EVENTS):
             raise ValueError(f"not a planner event: {event!r}")
-        tid = event.tenant
-        if not isinstance(tid, str) or not tid:
-            raise ValueError(f"tenant must be a non-empty string, got {tid!r}")
-        if isinstance(event, TenantAdded):
-            if tid in self._tenants:
-                raise ValueError(f"tenant {tid!r} already exists")
-            self._check_weight(event.weight)
-            self._check_cap(event.cap)
-            self._check_priority(event.priority)
+        if isinstance(event, Submitted):
+            if not isinstance(event.tenant, str) or event.tenant not in self._tenants:
+                raise ValueError(f"unknown tenant {event.tenant!r}")
             return
-        tenant = self._tenants.get(tid)
-        if tenant is None:
-            raise ValueError(f"unknown tenant {tid!r}")
-        match event:
-            case WeightChanged(weight=weight):
-                self._check_weight(weight)
-            case CapChanged(cap=cap):
-                self._check_cap(cap)
-            case PriorityChanged(priority=priority):
-                self._check_priority(priority)
-            case GroupCreated(group=group) | GroupFreed(group=group):
-                if not _is_int(group) or group < 0:
-                    raise ValueError(f"group must be a non-negative integer, got {group!r}")
-                exists = group in tenant.groups
-                if isinstance(event, GroupCreated) and exists:
-                    raise ValueError(f"tenant {tid!r} already has group {group}")
-                if isinstance(event, GroupFreed) and not exists:
-                    raise ValueError(f"tenant {tid!r} has no group {group}")
+        check_tenant_event(event, self._tenants, self._cfg.cap_floor)
 
     def _check_sample(self, event: BusySample) -> None:
         busy = event.busy_us
@@ -383,25 +343,8 @@ class RunlistPlanner:
         for tid, value in busy.items():
             if tid not in self._tenants:
                 raise ValueError(f"unknown tenant {tid!r} in a busy sample")
-            if not _is_int(value) or value < 0:
+            if not is_int(value) or value < 0:
                 raise ValueError(f"busy time must be a non-negative integer, got {value!r}")
-
-    @staticmethod
-    def _check_weight(weight: object) -> None:
-        if not (_is_int(weight) and isinstance(weight, int) and 0 <= weight <= MAX_WEIGHT):
-            raise ValueError(f"weight must be an integer in 0..{MAX_WEIGHT}, got {weight!r}")
-
-    def _check_cap(self, cap: object) -> None:
-        if cap is None:
-            return
-        low = self._cfg.cap_floor
-        if not (_is_int(cap) and isinstance(cap, int) and low <= cap <= 100):
-            raise ValueError(f"cap must be None or a percentage in {low}..100, got {cap!r}")
-
-    @staticmethod
-    def _check_priority(priority: object) -> None:
-        if not isinstance(priority, bool):
-            raise ValueError(f"priority must be a bool, got {priority!r}")
 
     def _apply(self, event: Event, now: int) -> bool:
         """Update the state; True when a priority tenant has new work."""

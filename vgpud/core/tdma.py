@@ -57,7 +57,9 @@ the next frame; each priority tenant can add one min slot per ring cycle.
 from __future__ import annotations
 
 from bisect import bisect_right, insort
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 MAX_WEIGHT = 1_000_000
 MIN_SLOT_US = 2_048  # two of the driver's default TSG time slices
@@ -78,7 +80,7 @@ class TdmaConfig:
     def __post_init__(self) -> None:
         for name in ("frame_us", "min_slot_us", "hw_timeslice_us"):
             value = getattr(self, name)
-            if not _is_int(value) or value <= 0:
+            if not is_int(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.min_slot_us < 2 * self.hw_timeslice_us:
             raise ValueError(
@@ -157,7 +159,7 @@ class Tick:
     """Time passed; nothing else happened."""
 
 
-Event = (
+TenantEvent = (
     TenantAdded
     | TenantRemoved
     | Runnable
@@ -167,8 +169,8 @@ Event = (
     | PriorityChanged
     | GroupCreated
     | GroupFreed
-    | Tick
 )
+Event = TenantEvent | Tick
 
 
 # --- actions ---------------------------------------------------------------
@@ -214,8 +216,70 @@ class _Tenant:
     frame_used_us: int = 0
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
+    """An int that is not a bool."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+class _HasGroups(Protocol):
+    groups: set[int]
+
+
+def check_now(now_us: int, last_us: int | None) -> None:
+    """ValueError unless ``now_us`` is a time at or after ``last_us``."""
+    if not is_int(now_us) or now_us < 0:
+        raise ValueError(f"now_us must be a non-negative integer, got {now_us!r}")
+    if last_us is not None and now_us < last_us:
+        raise ValueError(f"time went backwards: now_us={now_us} < {last_us}")
+
+
+def check_tenant_event(event: TenantEvent, tenants: Mapping[str, _HasGroups], cap_floor: int,
+                       cap_why: str = "") -> None:
+    """ValueError unless ``event`` applies to ``tenants`` (each with its groups):
+    the checks both cores (this one and vgpud.core.runlist) make of a tenant event."""
+    tid = event.tenant
+    if not isinstance(tid, str) or not tid:
+        raise ValueError(f"tenant must be a non-empty string, got {tid!r}")
+    if isinstance(event, TenantAdded):
+        if tid in tenants:
+            raise ValueError(f"tenant {tid!r} already exists")
+        _check_weight(event.weight)
+        _check_cap(event.cap, cap_floor, cap_why)
+        _check_priority(event.priority)
+        return
+    tenant = tenants.get(tid)
+    if tenant is None:
+        raise ValueError(f"unknown tenant {tid!r}")
+    match event:
+        case WeightChanged(weight=weight):
+            _check_weight(weight)
+        case CapChanged(cap=cap):
+            _check_cap(cap, cap_floor, cap_why)
+        case PriorityChanged(priority=priority):
+            _check_priority(priority)
+        case GroupCreated(group=group) | GroupFreed(group=group):
+            if not is_int(group) or group < 0:
+                raise ValueError(f"group must be a non-negative integer, got {group!r}")
+            exists = group in tenant.groups
+            if isinstance(event, GroupCreated) and exists:
+                raise ValueError(f"tenant {tid!r} already has group {group}")
+            if isinstance(event, GroupFreed) and not exists:
+                raise ValueError(f"tenant {tid!r} has no group {group}")
+
+
+def _check_weight(weight: object) -> None:
+    if not (is_int(weight) and isinstance(weight, int) and 0 <= weight <= MAX_WEIGHT):
+        raise ValueError(f"weight must be an integer in 0..{MAX_WEIGHT}, got {weight!r}")
+
+
+def _check_cap(cap: object, low: int, why: str) -> None:
+    if cap is not None and not (is_int(cap) and isinstance(cap, int) and low <= cap <= 100):
+        raise ValueError(f"cap must be None or a percentage in {low}..100{why}, got {cap!r}")
+
+
+def _check_priority(priority: object) -> None:
+    if not isinstance(priority, bool):
+        raise ValueError(f"priority must be a bool, got {priority!r}")
 
 
 class TdmaScheduler:
@@ -279,62 +343,14 @@ class TdmaScheduler:
     # --- input ---------------------------------------------------------------
 
     def _validate(self, event: Event, now_us: int) -> None:
-        if not _is_int(now_us) or now_us < 0:
-            raise ValueError(f"now_us must be a non-negative integer, got {now_us!r}")
-        if self._now is not None and now_us < self._now:
-            raise ValueError(f"time went backwards: now_us={now_us} < {self._now}")
+        check_now(now_us, self._now)
         if isinstance(event, Tick):
             return
         if not isinstance(event, Event):
             raise ValueError(f"not a scheduler event: {event!r}")
-        tid = event.tenant
-        if not isinstance(tid, str) or not tid:
-            raise ValueError(f"tenant must be a non-empty string, got {tid!r}")
-        if isinstance(event, TenantAdded):
-            if tid in self._tenants:
-                raise ValueError(f"tenant {tid!r} already exists")
-            self._check_weight(event.weight)
-            self._check_cap(event.cap)
-            self._check_priority(event.priority)
-            return
-        tenant = self._tenants.get(tid)
-        if tenant is None:
-            raise ValueError(f"unknown tenant {tid!r}")
-        match event:
-            case WeightChanged(weight=weight):
-                self._check_weight(weight)
-            case CapChanged(cap=cap):
-                self._check_cap(cap)
-            case PriorityChanged(priority=priority):
-                self._check_priority(priority)
-            case GroupCreated(group=group) | GroupFreed(group=group):
-                if not _is_int(group) or group < 0:
-                    raise ValueError(f"group must be a non-negative integer, got {group!r}")
-                exists = group in tenant.groups
-                if isinstance(event, GroupCreated) and exists:
-                    raise ValueError(f"tenant {tid!r} already has group {group}")
-                if isinstance(event, GroupFreed) and not exists:
-                    raise ValueError(f"tenant {tid!r} has no group {group}")
-
-    @staticmethod
-    def _check_weight(weight: object) -> None:
-        if not (_is_int(weight) and isinstance(weight, int) and 0 <= weight <= MAX_WEIGHT):
-            raise ValueError(f"weight must be an integer in 0..{MAX_WEIGHT}, got {weight!r}")
-
-    def _check_cap(self, cap: object) -> None:
-        if cap is None:
-            return
-        low = self._cfg.cap_floor
-        if not (_is_int(cap) and isinstance(cap, int) and low <= cap <= 100):
-            raise ValueError(
-                f"cap must be None or a percentage in {low}..100 (a capped tenant needs at "
-                f"least one min slot of {self._cfg.min_slot_us} us per frame), got {cap!r}"
-            )
-
-    @staticmethod
-    def _check_priority(priority: object) -> None:
-        if not isinstance(priority, bool):
-            raise ValueError(f"priority must be a bool, got {priority!r}")
+        check_tenant_event(event, self._tenants, self._cfg.cap_floor,
+                           f" (a capped tenant needs at least one min slot of "
+                           f"{self._cfg.min_slot_us} us per frame)")
 
     def _apply(self, event: Event, actions: list[Action]) -> None:
         match event:
