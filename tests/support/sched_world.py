@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -179,15 +180,15 @@ class FakeSource:
     def __init__(self) -> None:
         self.runnable: set[tuple[int, str]] = set()
         self.busy: dict[tuple[int, str], int] = {}
-        self.running: list[dict[int, str | None]] = []
+        self.switched_on: list[Mapping[int, AbstractSet[str]]] = []
 
     def read(self) -> str:
         return "raw"
 
-    def update(self, raw: str, groups: GroupTracker, running: dict[int, str | None],
+    def update(self, raw: str, groups: GroupTracker, switched_on: Mapping[int, AbstractSet[str]],
                now_ns: int) -> Activity:
         assert raw == "raw"
-        self.running.append(running)
+        self.switched_on.append(switched_on)
         return Activity(frozenset(self.runnable), dict(self.busy))
 
     def close(self) -> None:

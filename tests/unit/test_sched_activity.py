@@ -123,10 +123,10 @@ def test_nvml_maps_pids_to_tenants_and_estimates_busy() -> None:
     groups = tracker(A0, B0, B1)
     nvml.samples = {0: [(501, 1_000, 40), (502, 1_000, 0), (999, 1_000, 90)],
                     1: [(502, 2_000, 10)]}
-    act = source.update(source.read(), groups, {0: "a", 1: "b"}, 0)
+    act = source.update(source.read(), groups, {0: {"a"}, 1: {"b"}}, 0)
     assert act.runnable == {(0, "a"), (0, "b"), (1, "b")}  # nobody seen idle yet
     nvml.samples[0] += [(501, 167_000, 50), (502, 167_000, 20)]
-    act = source.update(source.read(), groups, {0: "a", 1: "b"}, 100 * MS)
+    act = source.update(source.read(), groups, {0: {"a"}, 1: {"b"}}, 100 * MS)
     # 166 ms between samples, at 50% and 20% of the SMs
     assert act.busy_ns == {(0, "a"): 83_000_000, (0, "b"): 33_200_000}
     assert nvml.asked[-2:] == [(0, 1_000), (1, 2_000)]  # each GPU from its last sample
@@ -142,7 +142,8 @@ def test_nvml_idle_while_on_then_probed_again() -> None:
         nonlocal t
         t += 100 * MS
         nvml.samples.setdefault(0, []).extend((pid, t // 1000, sm) for pid, sm in samples)
-        return source.update(source.read(), groups, {0: running}, t).runnable
+        return source.update(source.read(), groups, {0: {running} if running else set()},
+                             t).runnable
 
     assert poll("a", [(501, 30)]) == {(0, "a"), (0, "b")}
     # b is off: it cannot show use, so it stays runnable however long it waits
@@ -163,11 +164,27 @@ def test_nvml_idle_while_on_then_probed_again() -> None:
         assert (0, "b") in poll("b", [(502, 70)])
 
 
+def test_nvml_in_runlist_mode_every_tenant_is_on() -> None:
+    """Runlist mode switches every tenant on at once: one that shows no use for
+    ``hold`` of being on is idle, while the busy one stays runnable."""
+    nvml = FakeNvml(count=1)
+    source = NvmlActivity(nvml, [0], hold=0.3, probe=5.0)
+    groups = tracker(A0, B0)
+    both = {0: {"a", "b"}}
+    t = 0
+    runnable: frozenset = frozenset()
+    for _ in range(5):
+        t += 100 * MS
+        nvml.samples.setdefault(0, []).append((501, t // 1000, 40))
+        runnable = source.update(source.read(), groups, both, t).runnable
+    assert runnable == {(0, "a")}
+
+
 def test_nvml_errors_are_counted_not_raised() -> None:
     nvml = FakeNvml(count=1)
     source = NvmlActivity(nvml, [0])
     nvml.error[0] = 999
-    act = source.update(source.read(), tracker(A0), {0: None}, 0)
+    act = source.update(source.read(), tracker(A0), {0: set()}, 0)
     assert source.errors == 1
     assert act.runnable == {(0, "a")}
 

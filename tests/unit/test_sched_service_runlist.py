@@ -60,6 +60,8 @@ def test_timeslices_follow_the_weights_and_groups_stay_on(tmp_path: Path) -> Non
                        for _, es in w.actuator.calls for e in es)
         assert w.service.modes() == {0: "runlist", 1: "runlist"}
         assert w.service.running() == {0: None, 1: None}
+        # what an activity source can see run: every tenant at once
+        assert w.service.switched_on() == {0: {"a", "b", "c"}, 1: frozenset()}
         assert w.service.timeslices("a") == {0: [1280, 1280]}
         w.service.publish_shares()
         assert [w.service.share(t) for t in "abc"] == [{0: 50.0}, {0: 30.0}, {0: 20.0}]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,9 +67,11 @@ class ActivitySource(Protocol):
         """The raw figures; must not touch the tracker (it may run in a thread)."""
         ...
 
-    def update(self, raw: Any, groups: GroupTracker, running: Mapping[int, str | None],
+    def update(self, raw: Any, groups: GroupTracker, switched_on: Mapping[int, AbstractSet[str]],
                now_ns: int) -> Activity:
-        """Map ``raw`` to tenants; ``running``: the tenant switched on, per GPU."""
+        """Map ``raw`` to tenants; ``switched_on``: the tenants whose groups are
+        on, per GPU (frame mode: the running one; runlist mode: every tenant
+        but one in a cap's off phase)."""
         ...
 
     def close(self) -> None: ...
@@ -106,7 +109,7 @@ class NvsimActivity:
             self.close()
             return b""
 
-    def update(self, raw: bytes, groups: GroupTracker, running: Mapping[int, str | None],
+    def update(self, raw: bytes, groups: GroupTracker, switched_on: Mapping[int, AbstractSet[str]],
                now_ns: int) -> Activity:
         runnable: set[GpuTenant] = set()
         seen: dict[int, int] = {}
@@ -196,7 +199,8 @@ class NvmlActivity:
             out.by_gpu[gpu] = rows
         return out
 
-    def update(self, raw: _Samples, groups: GroupTracker, running: Mapping[int, str | None],
+    def update(self, raw: _Samples, groups: GroupTracker,
+               switched_on: Mapping[int, AbstractSet[str]],
                now_ns: int) -> Activity:
         owners: dict[tuple[int, int], str] = {}  # (GPU, pid) -> tenant
         present: set[GpuTenant] = set()
@@ -227,7 +231,7 @@ class NvmlActivity:
         runnable: set[GpuTenant] = set()
         for key in present:
             seen = self._seen.setdefault(key, _Seen(active_ns=now_ns, idle_since=now_ns))
-            on = running.get(key[0]) == key[1]
+            on = key[1] in switched_on.get(key[0], ())
             if key in active:
                 seen.runnable, seen.active_ns, seen.on_ns = True, now_ns, 0
             elif on:

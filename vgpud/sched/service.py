@@ -297,6 +297,17 @@ class SchedulerService:
         return {i: gpu.core.running if isinstance(gpu.core, TdmaScheduler) else None
                 for i, gpu in self._gpus.items()}
 
+    def switched_on(self) -> dict[int, frozenset[str]]:
+        """GPU -> the tenants whose groups are on (what an activity source can see run)."""
+        out: dict[int, frozenset[str]] = {}
+        for i, gpu in self._gpus.items():
+            core = gpu.core
+            if isinstance(core, TdmaScheduler):
+                out[i] = frozenset() if core.running is None else frozenset((core.running,))
+            else:
+                out[i] = core.switched_on()
+        return out
+
     def gpu_time_ns(self) -> dict[tuple[int, str], int] | None:
         """(GPU, tenant) -> GPU time the activity source measured since it
         started (as of its last poll); None without a source."""
@@ -568,7 +579,7 @@ class SchedulerService:
                 raw = await asyncio.to_thread(source.read)
             else:
                 raw = source.read()
-            activity = source.update(raw, self.tracker, self.running(), self._clock())
+            activity = source.update(raw, self.tracker, self.switched_on(), self._clock())
         except Exception:
             log.exception("scheduler: activity source %s failed", source.name)
             return
