@@ -245,6 +245,31 @@ def test_priority_preempts_best_effort_and_restores_nominal_slices() -> None:
         k: v for k, v in nominal.items() if k[0] != "p"}
 
 
+def test_priority_wait_is_bounded_whatever_the_weights() -> None:
+    """Weights 1..1000 make a nominal round of seconds; while a priority tenant
+    is active the best-effort round is cut to priority_round_us (plus one
+    minimum slice per group), so it runs soon after it submits."""
+    lp = loop(sample_us=500_000)
+    for i, weight in enumerate((1, 10, 100, 1000)):
+        lp.add(f"be{i}", weight)
+    lp.add("p", 1, [IDLE], priority=True)
+    run_samples(lp, 2)
+    nominal = lp.planner.timeslices()
+    assert sum(nominal.values()) > 50 * CFG.priority_round_us
+    lp.plant.run_until(lp.plant.now + 777)
+    lp.plant.set_demand("p", Demand(chunk_us=400, gap_us=10_000))
+    submit = lp.plant.now
+    lp.event(Submitted("p"))
+    slices = lp.planner.timeslices()
+    best_effort = [us for (t, _), us in slices.items() if t != "p"]
+    assert sum(best_effort) <= CFG.priority_round_us + 4 * CFG.min_timeslice_us, slices
+    assert all(us >= CFG.min_timeslice_us for us in best_effort)
+    lp.plant.run_until(submit + 50_000)
+    first = min(at for tid, at in lp.plant.starts if tid == "p" and at >= submit)
+    bound = sum(best_effort) + 5 * lp.plant.switch_us
+    assert first - submit <= bound, (first - submit, bound)
+
+
 def test_priority_without_idle_event_ends_after_a_quiet_window() -> None:
     lp = loop(sample_us=500_000)
     lp.add("be", 1)

@@ -99,7 +99,12 @@ on-phase only. A cap, weight or priority change takes effect at once.
 Priority. A priority tenant is active from Runnable or Submitted until Idle,
 or until a window in which it ran for no time and submitted nothing. While
 one is active, priority groups get `priority_slice_us` and best-effort
-groups their plan scaled so the smallest is `short_slice_us`; Submitted or
+groups their plan scaled so the smallest is `short_slice_us` and a round of
+them is at most `priority_round_us`, each slice floored at
+`min_timeslice_us` (so the round is at most priority_round_us plus one
+minimum slice per best-effort group, whatever the weights' spread: it
+bounds a priority group's wait for its turn, and best-effort shares follow
+the weights only as far as that allows); Submitted or
 Runnable of a priority tenant emits Preempt of every enabled best-effort
 tenant's groups (the planner does not know which one runs), at most once per
 `preempt_holdoff_us`. Nominal slices are restored when no priority tenant is
@@ -174,11 +179,13 @@ class RunlistConfig:
     idle_tolerance: float = 0.1
     priority_slice_us: int = 8_192
     short_slice_us: int = 512
+    priority_round_us: int = 2_048
     preempt_holdoff_us: int = 1_000
 
     def __post_init__(self) -> None:
         for name in ("base_slice_us", "min_timeslice_us", "max_timeslice_us", "max_round_us",
-                     "frame_us", "window_rounds", "priority_slice_us", "short_slice_us"):
+                     "frame_us", "window_rounds", "priority_slice_us", "short_slice_us",
+                     "priority_round_us"):
             value = getattr(self, name)
             if not is_int(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -466,9 +473,11 @@ class RunlistPlanner:
         if not nominal:
             return nominal, 1.0
         low, high = min(nominal.values()), max(nominal.values())
-        floor = cfg.short_slice_us if prio else cfg.base_slice_us
         weight = sum(self._tenants[tid].weight for tid in nominal)  # a round is unit * weight
-        unit = min(floor / low, cfg.max_timeslice_us / high, cfg.max_round_us / weight)
+        if prio:  # the best-effort round bounds the priority group's wait: it wins over shares
+            return nominal, min(cfg.short_slice_us / low, cfg.priority_round_us / weight)
+        unit = min(cfg.base_slice_us / low, cfg.max_timeslice_us / high,
+                   cfg.max_round_us / weight)
         return nominal, max(unit, cfg.min_timeslice_us / low)
 
     def _plan(self) -> dict[tuple[str, int], int]:
