@@ -413,3 +413,31 @@ def test_random_event_streams_keep_invariants(data: st.DataObject) -> None:
                 elif t.cap is None or t.cap == 100:
                     assert on and (tid, g) in p._slices
         assert all(1 / CFG.max_boost - 1e-9 <= b <= CFG.max_boost for b in p.boosts().values())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_a_sample_that_changes_nothing_skips_the_plan(data: st.DataObject) -> None:
+    """Samples and ticks replan only when a feedback window closed or a cap is
+    running: the actions are those of a planner that replans at every call."""
+    fast, full = RunlistPlanner(), RunlistPlanner()
+    now = 0
+    busy: dict[str, int] = {}
+    known: set[str] = set()
+    for _ in range(data.draw(st.integers(1, 80))):
+        now += data.draw(st.integers(0, 30_000))
+        event = _event(data, ["a", "b", "c"], busy)
+        if isinstance(event, BusySample):
+            event = BusySample({t: b for t, b in event.busy_us.items() if t in known})
+        full._stale = True
+        try:
+            actions = fast.handle(event, now)
+        except ValueError:
+            with pytest.raises(ValueError):
+                full.handle(event, now)
+            continue
+        assert full.handle(event, now) == actions, event
+        if isinstance(event, TenantAdded):
+            known.add(event.tenant)
+        elif isinstance(event, TenantRemoved):
+            known.discard(event.tenant)

@@ -280,6 +280,11 @@ class RunlistPlanner:
         self._last_preempt: int | None = None
         self._slices: dict[tuple[str, int], int] = {}  # as last sent
         self._on: dict[tuple[str, int], bool] = {}  # as last sent
+        # The plan may differ from what was sent: set by every event but a
+        # sample or a tick, and by a closed feedback window; else a sample
+        # costs no plan (the plan is a function of that state, and of time
+        # only through caps).
+        self._stale = True
 
     @property
     def config(self) -> RunlistConfig:
@@ -324,7 +329,10 @@ class RunlistPlanner:
             self._tenants[event.tenant].submitted = True
             return []  # the hardware finds best-effort work by itself
         preempt = self._apply(event, now_us)
-        actions = self._reconcile(now_us)
+        actions: list[Action] = []
+        if self._stale or self.next_deadline() is not None:  # caps move with time
+            actions = self._reconcile(now_us)
+            self._stale = False
         if preempt and self._preempt_due(now_us):
             self._last_preempt = now_us
             actions += self._preempts()
@@ -359,6 +367,8 @@ class RunlistPlanner:
 
     def _apply(self, event: Event, now: int) -> bool:
         """Update the state; True when a priority tenant has new work."""
+        if not isinstance(event, BusySample | Tick):
+            self._stale = True
         match event:
             case TenantAdded(tenant=tid, weight=weight, cap=cap, priority=priority):
                 self._tenants[tid] = _Tenant(weight, cap, priority)
@@ -407,6 +417,7 @@ class RunlistPlanner:
             return
         self._correct(elapsed)
         self._window_start = now
+        self._stale = True
         for tenant in self._tenants.values():
             if tenant.active and not tenant.window_busy and not tenant.submitted:
                 tenant.active = False  # no Idle event: it ran and asked for nothing
