@@ -146,8 +146,8 @@ def test_an_infeasible_target_leaves_the_loop_bounded_and_quiet() -> None:
     run_samples(lp, 10)
     assert lp.actions[before:] == []
     assert lp.planner.timeslices() == {("small", 1): 1024, ("big", 2): 2048}
-    # big's boost sits at its top (4096 us nominal, 2048 allowed), not above it
-    assert lp.planner.boosts() == pytest.approx({"small": 1, "big": 0.5})
+    # big's boost sits at its top (about 4096 us nominal, 2048 allowed), not above it
+    assert lp.planner.boosts() == pytest.approx({"small": 1, "big": 0.5}, rel=0.03)
 
 
 def test_cap_holds_while_others_idle() -> None:
@@ -191,6 +191,32 @@ def test_many_tenants_without_starvation(count: int) -> None:
     total = sum(weights.values())
     for tid, w in weights.items():
         assert abs(shares[tid] - 100 * w / total) <= 1, (tid, shares[tid], w / total)
+
+
+def test_widely_spread_weights_keep_the_round_bounded() -> None:
+    """Weights 1..1000: slices by weight with the smallest at the minimum slice
+    would make a round of 1.7 s. The round is the shortest (from max_round_us
+    up) at which the tenants pinned at the minimum slice cost no other tenant
+    more than floor_error of the GPU: 0.2 s here, every share within a point."""
+    rng = random.Random(7)
+    weights = {f"t{i:02}": rng.choice([1, 3, 10, 30, 100, 300, 1000]) for i in range(64)}
+    lp = loop(sample_us=1_000_000)
+    for tid, w in weights.items():
+        lp.add(tid, w)
+    run_samples(lp, 40)
+    slices = lp.planner.timeslices()
+    assert sum(slices.values()) <= 250_000, slices
+    bound = sum(slices.values()) + 64 * lp.plant.switch_us
+    last: dict[str, int] = {}
+    for tid, at in lp.plant.starts:
+        if tid in last:
+            assert at - last[tid] <= bound, (tid, at - last[tid], bound)
+        last[tid] = at
+    assert set(last) == set(weights)
+    shares = lp.shares(10)  # a turn of the heaviest is 25 ms: 0.25 point of 10 s
+    total = sum(weights.values())
+    for tid, w in weights.items():
+        assert abs(shares[tid] - 100 * w / total) <= 1, (tid, shares[tid], 100 * w / total)
 
 
 def test_weight_change_is_one_set_timeslice_per_group_of_the_tenant() -> None:
@@ -255,7 +281,7 @@ def test_priority_wait_is_bounded_whatever_the_weights() -> None:
     lp.add("p", 1, [IDLE], priority=True)
     run_samples(lp, 2)
     nominal = lp.planner.timeslices()
-    assert sum(nominal.values()) > 50 * CFG.priority_round_us
+    assert sum(nominal.values()) > 40 * CFG.priority_round_us
     lp.plant.run_until(lp.plant.now + 777)
     lp.plant.set_demand("p", Demand(chunk_us=400, gap_us=10_000))
     submit = lp.plant.now

@@ -27,15 +27,33 @@ def _class(pattern: str, i: int) -> tuple[str, int] | None:
         j += 1
     if j >= len(pattern):
         return None
-    members = pattern[start:j].replace("\\", "\\\\").replace("^", "\\^").replace("[", "\\[")
-    body = f"^/{members}" if negate else members
-    try:
-        cls = re.compile(f"[{body}]")
-    except re.error as exc:  # a reversed range: "[z-a]"
-        raise ValueError(f"cgroup glob {pattern!r}: bad [class]: {exc}") from None
+    body = _members(pattern, pattern[start:j])
+    # A negated class excludes "/" by a lookahead: "/" inside it could start a
+    # range with the first member ("[^/-a]").
+    cls = re.compile(f"(?!/)[^{body}]" if negate else f"[{body}]")
     if cls.fullmatch("/"):  # "/" itself, or in a range: "[.-0]"
         raise ValueError(f"cgroup glob {pattern!r}: a [class] cannot match '/'")
     return cls.pattern, j + 1
+
+
+def _members(pattern: str, members: str) -> str:
+    """A class's members as a regex class body, as fnmatch reads them: "a-z" a
+    range, every other character itself (escaped, so that no "^", "[", "&&",
+    "--" or "~~" of the glob means anything to re)."""
+    out: list[str] = []
+    i = 0
+    while i < len(members):
+        if i + 2 < len(members) and members[i + 1] == "-":
+            low, high = members[i], members[i + 2]
+            if low > high:
+                raise ValueError(f"cgroup glob {pattern!r}: bad [class]: reversed range "
+                                 f"{low}-{high}")
+            out.append(f"{re.escape(low)}-{re.escape(high)}")
+            i += 3
+        else:
+            out.append(re.escape(members[i]))
+            i += 1
+    return "".join(out)
 
 
 @lru_cache(maxsize=1024)

@@ -21,14 +21,22 @@ so a saturating tenant gets w_i * b_i / sum(w_j * b_j) of each round. The unit
 u, from the weights alone, is the largest that keeps the smallest nominal
 slice (b = 1) at `base_slice_us` (the frame core's hw_timeslice, the driver's
 default), the largest at most `max_timeslice_us` and a nominal round (u times
-the total weight) at most `max_round_us`; when these do not fit, the smallest
-slice gives way down to `min_timeslice_us`. Every slice is clamped to
-[min_timeslice_us, max_timeslice_us].
+the total weight) at most `max_round_us`. Every slice is clamped to
+[min_timeslice_us, max_timeslice_us], so where the weights are widely spread
+the lightest tenants' slices are pinned at the minimum and get more than
+their share, taken from the others: a saturating tenant i loses
+w_i / W * E / (u * W + E) of the GPU, E the pinned slices' excess over
+u * w / g. u grows (by 1.25 at a time, up to the unit at which nothing is
+pinned) until no tenant loses more than `floor_error` (0.5 point): the
+round is the shortest from max_round_us up that keeps every share within
+that of its weight's. (Weights 3..993 at 64 tenants: a round of about 100
+ms; pinning the smallest slice at the minimum instead would make it 2.7 s.)
 
 Starvation bound. While the set of tenants with work is unchanged, a group
 with work waits at most one round for its turn: the sum of the other enabled
 groups' slices plus, per turn, the plant's switch time and overrun. With
-boosts <= 1 that is at most max(max_round_us, min_timeslice_us * W / (w/g)_min)
+boosts <= 1 that is at most the round above (max_round_us, or longer where
+that would pin too much), and never more than min_timeslice_us * W / (w/g)_min,
 plus those costs (64 tenants of equal weight: 64 * 1024 us = 65.5 ms). A slice is re-sent only
 when it moves by more than `hysteresis_pct` percent, so a weight change costs
 one SetTimeslice per group of the changed tenant (of every tenant when it
@@ -48,7 +56,9 @@ long. A window in which the GPU was busy for less than
 (1 - idle_tolerance) of the elapsed time, or a priority tenant was active, is
 not used for correction: everybody got what they asked for (or priority
 rules). Otherwise the competing set C is the uncapped tenants with weight > 0
-that ran in the window; tenant i's target is t_i = w_i / W_C * sum_C d_j and
+that ran in the window and whose nominal slices are not pinned at the minimum
+(no boost of theirs could shorten them); tenant i's target is
+t_i = w_i / W_C * sum_C d_j and
 its error e_i = ln(d_i / t_i). When |d_i - t_i| exceeds deadband * t_i plus
 one turn's worth (its planned per-round time, the window's measurement
 uncertainty), ln b_i -= gain * clip(e_i, +-ln step_limit). The boosts in C
@@ -169,6 +179,7 @@ class RunlistConfig:
     min_timeslice_us: int = 256
     max_timeslice_us: int = 200_000
     max_round_us: int = 100_000
+    floor_error: float = 0.005
     hysteresis_pct: int = 1
     frame_us: int = 50_000
     window_rounds: int = 128
@@ -203,8 +214,10 @@ class RunlistConfig:
             raise ValueError(f"gain must be in (0, 1] for stability, got {self.gain!r}")
         if not (self.step_limit > 1 and self.max_boost >= 1):
             raise ValueError("step_limit must exceed 1 and max_boost be at least 1")
-        if not (0 <= self.deadband < 1 and 0 <= self.idle_tolerance < 1):
-            raise ValueError("deadband and idle_tolerance must be in [0, 1)")
+        if not (0 <= self.deadband < 1 and 0 <= self.idle_tolerance < 1
+                and 0 < self.floor_error < 1):
+            raise ValueError("deadband and idle_tolerance must be in [0, 1), floor_error "
+                             "in (0, 1)")
 
     @property
     def cap_floor(self) -> int:
@@ -433,8 +446,12 @@ class RunlistPlanner:
         tenants = self._tenants
         total = sum(t.window_busy for t in tenants.values())
         used = total >= (1 - cfg.idle_tolerance) * elapsed and not self._priority_active()
+        nominal, unit = self._nominal(prio=False)
+        # A tenant pinned at the minimum slice (its weight's slice is shorter) gets
+        # a little more than its share whatever its boost: it is left out.
         comp = {tid: t for tid, t in tenants.items()
-                if used and t.weight > 0 and t.cap is None and t.window_busy > 0 and t.groups}
+                if used and t.weight > 0 and t.cap is None and t.window_busy > 0 and t.groups
+                and unit * nominal.get(tid, 0) >= cfg.min_timeslice_us}
         for tid, tenant in tenants.items():
             if tid not in comp:
                 tenant.log_boost /= 2
@@ -443,7 +460,6 @@ class RunlistPlanner:
         busy = sum(t.window_busy for t in comp.values())
         weight = sum(t.weight for t in comp.values())
         step = math.log(cfg.step_limit)
-        nominal, unit = self._nominal(prio=False)
         floor = {tid: math.log(cfg.min_timeslice_us / (unit * nominal[tid])) for tid in comp}
         top = {tid: math.log(cfg.max_timeslice_us / (unit * nominal[tid])) for tid in comp}
         for tid, tenant in comp.items():
@@ -489,7 +505,21 @@ class RunlistPlanner:
             return nominal, min(cfg.short_slice_us / low, cfg.priority_round_us / weight)
         unit = min(cfg.base_slice_us / low, cfg.max_timeslice_us / high,
                    cfg.max_round_us / weight)
-        return nominal, max(unit, cfg.min_timeslice_us / low)
+        pinned = cfg.min_timeslice_us / low  # the unit at which no slice is pinned
+        while unit < pinned and self._floor_error(nominal, unit, weight) > cfg.floor_error:
+            unit = min(pinned, unit * 1.25)
+        return nominal, unit
+
+    def _floor_error(self, nominal: dict[str, float], unit: float, weight: int) -> float:
+        """The largest share (a fraction of the GPU) a saturating tenant loses at
+        ``unit`` to the tenants whose slices it pins at the minimum: tenant i
+        gets u * w_i / R of a round R = u * W + E, E the pinned slices' excess,
+        so it loses w_i / W * E / R."""
+        floor = self._cfg.min_timeslice_us
+        excess = sum(len(self._tenants[tid].groups) * (floor - unit * x)
+                     for tid, x in nominal.items() if unit * x < floor)
+        heaviest = max(self._tenants[tid].weight for tid in nominal)
+        return heaviest / weight * excess / (unit * weight + excess)
 
     def _plan(self) -> dict[tuple[str, int], int]:
         cfg = self._cfg
