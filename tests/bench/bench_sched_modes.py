@@ -42,6 +42,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # Run as a script: the repository root on sys.path, for tests.support.
 sys.path.insert(0, str(ROOT))
 
+from bench_tdma_vm import cpu_seconds, sh  # noqa: E402
+
 from tests.support import nvclient as nv  # noqa: E402
 from tests.support.tdma import (  # noqa: E402
     CGROOT,
@@ -54,15 +56,6 @@ from tests.support.vgpud_proc import Daemon  # noqa: E402
 
 TRACEFS = Path("/sys/kernel/tracing")
 TIMESLICE_ENTRY = re.compile(r"vgpu_schedule: .* enable=3 ")
-
-
-def sh(*cmd: str) -> str:
-    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def tracing(on: bool) -> int:
