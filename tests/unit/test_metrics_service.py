@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.daemon_world import World, inventory, write_config
 from tests.support.fakekernel import make_stats, make_stats4, post_event_msg, upcall_msg
+from tests.support.procstat import proc_state
 from vgpud.app import build_quota
 from vgpud.core.ledger import Usage
 from vgpud.daemon import Daemon
@@ -225,7 +226,7 @@ def test_the_exporter_dies_with_the_daemon(tmp_path: Path) -> None:
     daemon.kill()
     daemon.wait()
     deadline = time.monotonic() + 20
-    while Path(f"/proc/{pid}").exists() and "Z" not in state_of(pid):
+    while proc_state(pid) not in ("gone", "Z"):
         assert time.monotonic() < deadline, "the exporter outlived the daemon"
         time.sleep(0.05)
 
@@ -238,13 +239,6 @@ def test_the_daemon_side_loads_no_renderer_nor_http_server() -> None:
     loaded = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                             text=True).stdout.split()
     assert [m for m in loaded if m.split(".")[0] in ("prometheus_client", "http")] == []
-
-
-def state_of(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return "gone"
 
 
 def test_the_exporter_keeps_the_newest_good_snapshot_and_renders_it_once(

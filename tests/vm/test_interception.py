@@ -25,6 +25,7 @@ import pytest
 
 from tests.support import nvclient as nv
 from tests.support.guest import ROOT, set_param
+from tests.support.procstat import proc_state
 from vgpud.kernel.channel import GenlChannel, query_module_stats
 from vgpud.kernel.codec import CloseEvent, Event, PostEvent
 from vgpud.kernel.uapi import ALLOW, Filter, Stats, Verdict
@@ -323,10 +324,6 @@ def go(procs: list[subprocess.Popen[str]]) -> None:
         p.stdin.flush()
 
 
-def task_state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0]
-
-
 def wait_blocked(procs: list[subprocess.Popen[str]], upcalls_before: int) -> None:
     """Every process sleeps in the module waiting for its verdict."""
     wait_for(lambda: vgpu_stats()["upcalls"] >= upcalls_before + len(procs))
@@ -344,7 +341,7 @@ def test_daemon_killed_while_callers_wait(waiters, daemon_factory, fail_open: bo
     go(procs)
     wait_blocked(procs, before["upcalls"])
     # They sleep killable (TASK_KILLABLE, shown as D); none may stay so.
-    assert all(task_state(p.pid) == "D" for p in procs)
+    assert all(proc_state(p.pid) == "D" for p in procs)
     daemon.kill()  # ...and dies: every waiter completes at once
     results = [p.communicate(timeout=60)[0].split() for p in procs]
     assert all(p.returncode == 0 for p in procs)

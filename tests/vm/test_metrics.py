@@ -32,6 +32,7 @@ from tests.support.guest import (
     rmmod,
     wait_path,
 )
+from tests.support.procstat import proc_state
 from tests.support.workloads import CgroupWorkload as Workload
 
 pytestmark = pytest.mark.vm
@@ -192,13 +193,7 @@ def exporter_of(pid: int) -> list[int]:
 def wait_gone(pid: int, timeout: float = 60) -> None:
     """Until ``pid`` has exited (gone, or a zombie of whoever reaps orphans)."""
     deadline = time.monotonic() + timeout
-    while True:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
-            return
-        if state == "Z":
-            return
+    while proc_state(pid) not in ("gone", "Z"):
         assert time.monotonic() < deadline, f"the exporter (pid {pid}) outlived the daemon"
         time.sleep(0.1)
 
