@@ -7,7 +7,16 @@
  * work (NVSIM_ESC_SUBMIT_WORK).  The engine takes the first runnable group
  * of its list, "runs" it by sleeping on an absolute hrtimer until its time
  * slice ends or its pending work would be done, then moves it to the tail
- * of the list (round robin).  Disabling or freeing the running group
+ * of the list (round robin).
+ *
+ * Interleave levels (SET_INTERLEAVE_LEVEL) order the picks as the
+ * hardware's runlist does (ctrla06c.h): after every slice of a MEDIUM or
+ * LOW group comes a block in which each runnable HIGH group gets one slice,
+ * and a LOW group gets a slice after the MEDIUM groups got as many slices
+ * as there are MEDIUM groups.  The hardware counts runlist entries, idle
+ * ones included; nvsim counts slices run, which differs only while some
+ * MEDIUM groups have no work.  With HIGH groups alone, or lower ones
+ * alone, the picks are the plain round robin above.  Disabling or freeing the running group
  * preempts it at once: the caller ends its slice, starts the next runnable
  * group and wakes the kthread to sleep to that group's deadline.  Work
  * submitted to an idle engine starts the same way, at the submission.
@@ -93,8 +102,8 @@ MODULE_PARM_DESC(ctxsw_us, "Context switch time of a PREEMPT, in us (default 50,
 
 /*
  * One GPU's engine.  @lock protects everything below it and, for each
- * group on @groups, the group's node, enabled, timeslice_us and its
- * counters (pending_ns, busy_ns, wait_ns, debt_ns, preempts, ready_ns and
+ * group on @groups, the group's node, enabled, timeslice_us, level,
+ * high_block and its counters (pending_ns, busy_ns, wait_ns, debt_ns, preempts, ready_ns and
  * the wake_* fields).  It is a spinlock, taken from process context only
  * (ioctls, proc reads, the kthread), never held while sleeping; it nests
  * inside nvsim_lock.
@@ -114,6 +123,8 @@ struct nvsim_engine {
 	u64 switch_ns;			/* in PREEMPT context switches */
 	u64 switches;
 	u64 preempts;
+	u64 high_block;			/* HIGH block now due or running */
+	u32 mediums_run;		/* MEDIUM slices since the last LOW one */
 };
 
 static struct nvsim_engine nvsim_engines[NVSIM_MAX_GPUS];
@@ -128,10 +139,26 @@ static u64 nvsim_group_slice_ns(const struct nvsim_group *g)
 	return min_t(u64, g->timeslice_us, NVSIM_MAX_SLICE_US) * NSEC_PER_USEC;
 }
 
+/* @g gets engine time from @start: ends a submit-to-run wait; eng->lock. */
+static void nvsim_group_woken(struct nvsim_group *g, ktime_t start)
+{
+	u64 lat = 0;
+
+	if (!g->waking)
+		return;
+	if (ktime_after(start, g->wake_at))
+		lat = ktime_to_ns(ktime_sub(start, g->wake_at));
+	g->waking = false;
+	g->wake_sum_ns += lat;
+	g->wake_n++;
+	g->wake_max_ns = max(g->wake_max_ns, lat);
+}
+
 /* Charges the time since eng->mark; eng->lock. */
 static void nvsim_engine_charge(struct nvsim_engine *eng)
 {
 	ktime_t now = ktime_get();
+	ktime_t from = eng->mark;
 	struct nvsim_group *g = eng->running, *w;
 	u64 delta = 0, sw = 0, work = 0;
 
@@ -143,6 +170,9 @@ static void nvsim_engine_charge(struct nvsim_engine *eng)
 	eng->mark = now;
 	if (g) {
 		work = min(delta - sw, g->pending_ns);
+		/* Work given to the group holding the engine runs at once. */
+		if (work)
+			nvsim_group_woken(g, ktime_add_ns(from, sw));
 		g->pending_ns -= work;
 		g->busy_ns += work;
 		if (work && !g->pending_ns)
@@ -161,21 +191,6 @@ static void nvsim_engine_charge(struct nvsim_engine *eng)
 	}
 }
 
-/* @g gets engine time from eng->mark: ends a submit-to-run wait. */
-static void nvsim_group_woken(struct nvsim_engine *eng, struct nvsim_group *g)
-{
-	u64 lat = 0;
-
-	if (!g->waking)
-		return;
-	if (ktime_after(eng->mark, g->wake_at))
-		lat = ktime_to_ns(ktime_sub(eng->mark, g->wake_at));
-	g->waking = false;
-	g->wake_sum_ns += lat;
-	g->wake_n++;
-	g->wake_max_ns = max(g->wake_max_ns, lat);
-}
-
 /* Asks the kthread to pick again; eng->lock. */
 static void nvsim_engine_kick(struct nvsim_engine *eng)
 {
@@ -183,14 +198,62 @@ static void nvsim_engine_kick(struct nvsim_engine *eng)
 	wake_up_process(eng->task);
 }
 
-static struct nvsim_group *nvsim_engine_first_runnable(struct nvsim_engine *eng)
+/* The first runnable group at @level; HIGH ones only if not yet in @block. */
+static struct nvsim_group *nvsim_engine_first_runnable(struct nvsim_engine *eng,
+						       u32 level, u64 block)
 {
 	struct nvsim_group *g;
 
 	list_for_each_entry(g, &eng->groups, node)
-		if (nvsim_group_runnable(g))
+		if (g->level == level && nvsim_group_runnable(g) &&
+		    (level != NVA06C_CTRL_INTERLEAVE_LEVEL_HIGH ||
+		     g->high_block != block))
 			return g;
 	return NULL;
+}
+
+static u32 nvsim_engine_count(struct nvsim_engine *eng, u32 level)
+{
+	struct nvsim_group *g;
+	u32 n = 0;
+
+	list_for_each_entry(g, &eng->groups, node)
+		n += g->level == level;
+	return n;
+}
+
+/*
+ * The next group to get a turn by interleave level (see the top of the
+ * file), its turn taken: HIGH groups not yet run in this block, else the
+ * lower group due (which opens the next block), else a new block of HIGH
+ * groups.  eng->lock.
+ */
+static struct nvsim_group *nvsim_engine_next(struct nvsim_engine *eng)
+{
+	const u32 high = NVA06C_CTRL_INTERLEAVE_LEVEL_HIGH;
+	const u32 med = NVA06C_CTRL_INTERLEAVE_LEVEL_MEDIUM;
+	const u32 low = NVA06C_CTRL_INTERLEAVE_LEVEL_LOW;
+	struct nvsim_group *g;
+	bool low_due;
+
+	g = nvsim_engine_first_runnable(eng, high, eng->high_block);
+	if (g) {
+		g->high_block = eng->high_block;
+		return g;
+	}
+	low_due = eng->mediums_run >= nvsim_engine_count(eng, med);
+	g = nvsim_engine_first_runnable(eng, low_due ? low : med, 0);
+	if (!g)
+		g = nvsim_engine_first_runnable(eng, low_due ? med : low, 0);
+	if (g) {
+		eng->high_block++;
+		eng->mediums_run = g->level == med ? eng->mediums_run + 1 : 0;
+		return g;
+	}
+	g = nvsim_engine_first_runnable(eng, high, ++eng->high_block);
+	if (g)
+		g->high_block = eng->high_block;
+	return g;
 }
 
 /*
@@ -223,7 +286,7 @@ static struct nvsim_group *nvsim_engine_pick(struct nvsim_engine *eng,
 
 	/* Each pass skips a turn and pays a slice of debt: it ends. */
 	for (;;) {
-		g = nvsim_engine_first_runnable(eng);
+		g = nvsim_engine_next(eng);
 		if (!g)
 			return NULL;
 		slice = nvsim_group_slice_ns(g);
@@ -241,7 +304,7 @@ static struct nvsim_group *nvsim_engine_pick(struct nvsim_engine *eng,
 	eng->slice_end = ktime_add_ns(now, slice - g->debt_ns);
 	g->debt_ns = 0;
 run:
-	nvsim_group_woken(eng, g);
+	nvsim_group_woken(g, now);
 	*until = ktime_add_ns(now, g->pending_ns);
 	if (ktime_before(eng->slice_end, *until))
 		*until = eng->slice_end;
@@ -305,6 +368,8 @@ void nvsim_group_add(struct nvsim_group *g, const struct nvsim_gpu *gpu,
 	g->tgid = tgid;
 	g->enabled = true;
 	g->timeslice_us = NVA06C_DEFAULT_TIMESLICE_US;
+	g->level = NVA06C_CTRL_INTERLEAVE_LEVEL_MEDIUM;
+	g->high_block = 0;
 	g->pending_ns = 0;
 	g->busy_ns = 0;
 	g->wait_ns = 0;
@@ -361,6 +426,23 @@ u32 nvsim_group_set_timeslice(struct nvsim_group *g, u64 us)
 		return NV_ERR_NOT_SUPPORTED;
 	spin_lock(&g->eng->lock);
 	g->timeslice_us = us;
+	spin_unlock(&g->eng->lock);
+	return NV_OK;
+}
+
+/*
+ * SET_INTERLEAVE_LEVEL: NV_ERR_INVALID_ARGUMENT for a level that is none
+ * of the three (kchangrpSetInterleaveLevel_IMPL); the access right is the
+ * caller's to check.  Takes effect at the next pick.
+ */
+u32 nvsim_group_set_level(struct nvsim_group *g, u32 level)
+{
+	if (level > NVA06C_CTRL_INTERLEAVE_LEVEL_HIGH)
+		return NV_ERR_INVALID_ARGUMENT;
+	spin_lock(&g->eng->lock);
+	if (level == NVA06C_CTRL_INTERLEAVE_LEVEL_HIGH && g->level != level)
+		g->high_block = g->eng->high_block - 1;	/* due in this block */
+	g->level = level;
 	spin_unlock(&g->eng->lock);
 	return NV_OK;
 }
@@ -454,18 +536,19 @@ static int nvsim_groups_show(struct seq_file *m, void *v)
 	struct nvsim_group *g;
 	unsigned int i;
 
-	seq_puts(m, "gpu client group tgid enabled timeslice_us pending_ns busy_ns wait_ns preempts ready_ns wake_sum_ns wake_n wake_max_ns\n");
+	seq_puts(m, "gpu client group tgid enabled timeslice_us pending_ns busy_ns wait_ns preempts ready_ns wake_sum_ns wake_n wake_max_ns level\n");
 	for (i = 0; i < nvsim_ngpus; i++) {
 		struct nvsim_engine *eng = &nvsim_engines[i];
 
 		spin_lock(&eng->lock);
 		nvsim_engine_charge(eng);
 		list_for_each_entry(g, &eng->groups, node)
-			seq_printf(m, "%u 0x%x 0x%x %d %d %llu %llu %llu %llu %llu %llu %llu %llu %llu\n",
+			seq_printf(m, "%u 0x%x 0x%x %d %d %llu %llu %llu %llu %llu %llu %llu %llu %llu %u\n",
 				   i, g->hclient, g->hgroup, g->tgid, g->enabled,
 				   g->timeslice_us, g->pending_ns, g->busy_ns,
 				   g->wait_ns, g->preempts, g->ready_ns,
-				   g->wake_sum_ns, g->wake_n, g->wake_max_ns);
+				   g->wake_sum_ns, g->wake_n, g->wake_max_ns,
+				   g->level);
 		spin_unlock(&eng->lock);
 	}
 	return 0;

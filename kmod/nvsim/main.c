@@ -247,6 +247,7 @@ static void __init nvsim_abi_check(void)
 	BUILD_BUG_ON(sizeof(struct nv2080_fb_get_info_v2_params) != 1028);
 	BUILD_BUG_ON(sizeof(struct nva06c_gpfifo_schedule_params) != 3);
 	BUILD_BUG_ON(sizeof(struct nva06c_timeslice_params) != 8);
+	BUILD_BUG_ON(sizeof(struct nva06c_interleave_level_params) != 4);
 	BUILD_BUG_ON(sizeof(struct uvm_initialize_params) != 16);
 	BUILD_BUG_ON(sizeof(struct nvsim_submit_work) != 24);
 	BUILD_BUG_ON(offsetof(struct nvsim_submit_work, work_ns) != 8);

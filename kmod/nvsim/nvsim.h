@@ -142,6 +142,8 @@ struct nvsim_group {
 	pid_t tgid;			/* opener of the owning nvidiactl */
 	bool enabled;			/* GPFIFO_SCHEDULE */
 	u64 timeslice_us;		/* SET_TIMESLICE */
+	u32 level;			/* SET_INTERLEAVE_LEVEL */
+	u64 high_block;			/* HIGH: the block it last ran in */
 	u64 pending_ns;			/* work submitted, not yet run */
 	u64 busy_ns;			/* work run */
 	u64 wait_ns;			/* off (GPFIFO_SCHEDULE) with pending work */
@@ -235,6 +237,7 @@ u32 nvsim_group_preempt(struct nvsim_group *g,
 			const struct nva06c_preempt_params *p);
 u64 nvsim_group_timeslice(struct nvsim_group *g);
 u32 nvsim_group_submit(struct nvsim_group *g, u64 ns);
+u32 nvsim_group_set_level(struct nvsim_group *g, u32 level);
 void nvsim_group_stats(struct nvsim_group *g, struct nvsim_work_stats_params *p);
 
 /* mmap.c */

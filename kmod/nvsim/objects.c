@@ -9,6 +9,7 @@
  * returns 0; user pointers inside params give a status when they fault.
  */
 #include <linux/bits.h>
+#include <linux/capability.h>
 #include <linux/log2.h>
 #include <linux/file.h>
 #include <linux/mm.h>
@@ -704,6 +705,8 @@ static const struct nvsim_ctrl nvsim_ctrls[] = {
 	  sizeof(struct nva06c_timeslice_params) },
 	{ NVA06C_CTRL_CMD_PREEMPT, NVSIM_OBJ_TSG,
 	  sizeof(struct nva06c_preempt_params) },
+	{ NVA06C_CTRL_CMD_SET_INTERLEAVE_LEVEL, NVSIM_OBJ_TSG,
+	  sizeof(struct nva06c_interleave_level_params) },
 	{ NVSIM_CTRL_CMD_GET_WORK_STATS, NVSIM_OBJ_TSG,
 	  sizeof(struct nvsim_work_stats_params) },
 	{ NV0000_CTRL_CMD_CLIENT_GET_HANDLE_INFO, NVSIM_OBJ_CLIENT,
@@ -821,6 +824,7 @@ static u32 nvsim_ctrl_run(struct nvsim_obj *obj, u32 cmd, void *prm,
 	struct nv2080_fb_get_info_v2_params *fb2 = prm;
 	struct nva06c_gpfifo_schedule_params *sched = prm;
 	struct nva06c_timeslice_params *ts = prm;
+	struct nva06c_interleave_level_params *level = prm;
 
 	switch (cmd) {
 	case NV2080_CTRL_CMD_FB_GET_INFO:
@@ -834,6 +838,16 @@ static u32 nvsim_ctrl_run(struct nvsim_obj *obj, u32 cmd, void *prm,
 		return nvsim_group_set_timeslice(&obj->tsg, ts->timeslice_us);
 	case NVA06C_CTRL_CMD_PREEMPT:
 		return nvsim_group_preempt(&obj->tsg, prm);
+	case NVA06C_CTRL_CMD_SET_INTERLEAVE_LEVEL:
+		/*
+		 * RS_ACCESS_NICE, checked at each call: CAP_SYS_NICE of the
+		 * caller (os_check_access).  The other grant, a client made
+		 * by an administrator, is not modelled.
+		 */
+		if (!capable(CAP_SYS_NICE))
+			return NV_ERR_INSUFFICIENT_PERMISSIONS;
+		return nvsim_group_set_level(&obj->tsg,
+					     level->tsg_interleave_level);
 	case NVA06C_CTRL_CMD_GET_TIMESLICE:
 		ts->timeslice_us = nvsim_group_timeslice(&obj->tsg);
 		return NV_OK;

@@ -6,8 +6,8 @@
  * Each entry becomes one RM_CONTROL issued on the backing file of the
  * context that owns the RM client, as if the owner had called it:
  * NVA06C_CTRL_CMD_GPFIFO_SCHEDULE (ON, OFF, OWNER_OFF), SET_TIMESLICE
- * (TIMESLICE) or PREEMPT (PREEMPT, bWait 0: the driver preempts and
- * returns). The driver reads NVOS54 and its params from the
+ * (TIMESLICE), PREEMPT (PREEMPT, bWait 0: the driver preempts and
+ * returns) or SET_INTERLEAVE_LEVEL (INTERLEAVE). The driver reads NVOS54 and its params from the
  * current process's user memory, and the generic netlink handler runs in
  * the sender's (the daemon's) process: the blocks live in a small private
  * anonymous mapping of the daemon's mm, made once per message. The daemon's
@@ -60,6 +60,7 @@ struct vgpu_sched_block {
 		struct nva06c_gpfifo_schedule_params sched;
 		struct nva06c_timeslice_params ts;
 		struct nva06c_preempt_params preempt;
+		struct nva06c_interleave_level_params level;
 	} params;
 };
 
@@ -217,6 +218,11 @@ static void vgpu_sched_one(struct file *backing, const struct vgpu_sched *s,
 		blk.ctl.cmd = NVA06C_CTRL_CMD_PREEMPT;
 		blk.ctl.params_size = sizeof(blk.params.preempt);
 		break;
+	case VGPU_SCHED_INTERLEAVE:
+		blk.ctl.cmd = NVA06C_CTRL_CMD_SET_INTERLEAVE_LEVEL;
+		blk.ctl.params_size = sizeof(blk.params.level);
+		blk.params.level.tsg_interleave_level = s->arg;
+		break;
 	default:
 		blk.ctl.cmd = NVA06C_CTRL_CMD_GPFIFO_SCHEDULE;
 		blk.ctl.params_size = sizeof(blk.params.sched);
@@ -236,11 +242,12 @@ static int vgpu_sched_check(const struct vgpu_sched *in, u32 n,
 	u32 i;
 
 	for (i = 0; i < n; i++) {
-		if (in[i].enable > VGPU_SCHED_PREEMPT) {
+		if (in[i].enable > VGPU_SCHED_INTERLEAVE) {
 			*why = "vgpu: SCHED entry with an unknown op";
 			return -EINVAL;
 		}
-		if (in[i].arg && in[i].enable != VGPU_SCHED_TIMESLICE) {
+		if (in[i].arg && in[i].enable != VGPU_SCHED_TIMESLICE &&
+		    in[i].enable != VGPU_SCHED_INTERLEAVE) {
 			*why = "vgpu: SCHED entry with an arg its op does not take";
 			return -EINVAL;
 		}
@@ -448,6 +455,7 @@ int vgpu_schedule(const struct vgpu_sched *in, u32 n,
 	BUILD_BUG_ON(sizeof(struct nva06c_timeslice_params) != 8);
 	BUILD_BUG_ON(sizeof(struct nva06c_preempt_params) != 8);
 	BUILD_BUG_ON(offsetof(struct nva06c_preempt_params, timeout_us) != 4);
+	BUILD_BUG_ON(sizeof(struct nva06c_interleave_level_params) != 4);
 	BUILD_BUG_ON(sizeof(struct vgpu_sched_block) > PAGE_SIZE);
 
 	err = vgpu_sched_check(in, n, why);

@@ -43,6 +43,7 @@ UVM_INITIALIZE = 0x30000001
 NV_OK = 0x00
 NV_ERR_INSERT_DUPLICATE_NAME = 0x19
 NV_ERR_INSUFFICIENT_RESOURCES = 0x1A
+NV_ERR_INSUFFICIENT_PERMISSIONS = 0x1B
 NV_ERR_INVALID_ADDRESS = 0x1E
 NV_ERR_INVALID_ARGUMENT = 0x1F
 NV_ERR_INVALID_CLASS = 0x22
@@ -82,6 +83,8 @@ NVA06C_CTRL_CMD_GPFIFO_SCHEDULE = 0xA06C0101
 NVA06C_CTRL_CMD_SET_TIMESLICE = 0xA06C0103
 NVA06C_CTRL_CMD_GET_TIMESLICE = 0xA06C0104
 NVA06C_CTRL_CMD_PREEMPT = 0xA06C0105
+NVA06C_CTRL_CMD_SET_INTERLEAVE_LEVEL = 0xA06C0107
+LEVEL_LOW, LEVEL_MEDIUM, LEVEL_HIGH = 0, 1, 2  # NVA06C_CTRL_INTERLEAVE_LEVEL_*
 PREEMPT_MAX_MANUAL_TIMEOUT_US = 1_000_000
 NVSIM_CTRL_CMD_GET_WORK_STATS = 0xA06C01F0  # nvsim-private
 
@@ -569,7 +572,7 @@ def map_and_mmap(ctl: int, gpu_fd: int, tree_client: int, hdevice: int, hmemory:
 PROC_GROUPS = "/proc/driver/nvsim/groups"
 PROC_ENGINES = "/proc/driver/nvsim/engines"
 PROC_GROUPS_HEADER = ("gpu client group tgid enabled timeslice_us pending_ns busy_ns wait_ns"
-                      " preempts ready_ns wake_sum_ns wake_n wake_max_ns")
+                      " preempts ready_ns wake_sum_ns wake_n wake_max_ns level")
 PROC_ENGINES_HEADER = "gpu busy_ns idle_ns switches switch_ns preempts"
 
 
@@ -597,6 +600,7 @@ class ProcGroup:
     wake_sum_ns: int = 0  # submit-to-run latencies (work given to a group with none)
     wake_n: int = 0
     wake_max_ns: int = 0
+    level: int = LEVEL_MEDIUM  # SET_INTERLEAVE_LEVEL
 
 
 @dataclass(frozen=True)
@@ -654,6 +658,13 @@ def preempt(ctl: int, hclient: int, hgroup: int, wait: int = 0, manual: int = 0,
     """NVA06C_CTRL_CMD_PREEMPT; returns (errno, status)."""
     e, st, _ = rm_control(ctl, hclient, hgroup, NVA06C_CTRL_CMD_PREEMPT,
                           PREEMPT.pack(wait, manual, timeout_us))
+    return e, st
+
+
+def set_interleave_level(ctl: int, hclient: int, hgroup: int, level: int) -> tuple[int, int]:
+    """NVA06C_CTRL_CMD_SET_INTERLEAVE_LEVEL; returns (errno, status)."""
+    e, st, _ = rm_control(ctl, hclient, hgroup, NVA06C_CTRL_CMD_SET_INTERLEAVE_LEVEL,
+                          struct.pack("<I", level))
     return e, st
 
 

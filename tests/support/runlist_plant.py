@@ -3,11 +3,15 @@ against it, in virtual microseconds.
 
 The plant is the hardware round robin: it visits the enabled groups that have
 work in creation order, each for up to its timeslice, and skips a group
-without work. A switch to another group costs `switch_us` of idle engine time.
-Each group's demand says how much work it has: saturating, a fraction of the
-GPU (work arrives at that rate), idle, or fine-grained chunks (one chunk at a
-time, the group yields when it ends and submits the next `gap_us` later); a
-slice cut with work left may overrun by `overrun_us`. GroupsOff and Preempt
+without work. A group at the HIGH interleave level (SetInterleave) comes up
+after every turn of a lower group: each HIGH group with work gets one turn
+before the next lower one (the runlist order of ctrla06c.h; the planner never
+uses LOW, which the plant does not model). A switch to another group costs
+`switch_us` of idle engine time. Each group's demand says how much work it
+has: saturating, a fraction of the GPU (work arrives at that rate), idle, or
+fine-grained chunks (one chunk at a time, the group yields when it ends and
+submits the next `gap_us` later); a slice cut with work left may overrun by
+`overrun_us`. GroupsOff and Preempt
 end the running turn at once. The plant reports cumulative busy time per
 tenant, as nvsim's counters do. Used by tests/unit/test_runlist.py and
 tests/bench/bench_runlist.py.
@@ -19,11 +23,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from vgpud.core.runlist import (
+    LEVEL_HIGH,
+    LEVEL_MEDIUM,
     Action,
     BusySample,
     Event,
     Preempt,
     RunlistPlanner,
+    SetInterleave,
     SetTimeslice,
 )
 from vgpud.core.tdma import GroupCreated, GroupsOff, GroupsOn, TenantAdded
@@ -66,6 +73,8 @@ class _Group:
     ready_at: int = 0
     busy: int = 0
     preempted: int = 0
+    level: int = LEVEL_MEDIUM
+    high_block: int = -1  # HIGH: the block of turns it last ran in
 
 
 @dataclass(slots=True)
@@ -80,6 +89,8 @@ class Plant:
     _turn_end: int = 0
     _last: _Group | None = None
     _pointer: int = 0
+    _high_pointer: int = 0
+    _high_block: int = 0  # a new block of HIGH turns opens with each lower turn
     _retired: dict[str, int] = field(default_factory=dict)  # busy of freed groups
 
     def add_group(self, tenant: str, group: int, demand: Demand = SATURATING) -> None:
@@ -96,6 +107,8 @@ class Plant:
         self.groups.remove(g)
         if index < self._pointer:
             self._pointer -= 1
+        if index < self._high_pointer:
+            self._high_pointer -= 1
         if self._last is g:
             self._last = None
 
@@ -127,6 +140,8 @@ class Plant:
             match action:
                 case SetTimeslice(tenant=t, group=group, us=us):
                     self.get(t, group).timeslice = us
+                case SetInterleave(tenant=t, group=group, level=level):
+                    self.get(t, group).level = level
                 case GroupsOn(tenant=t, groups=groups) | GroupsOff(tenant=t, groups=groups):
                     on = isinstance(action, GroupsOn)
                     for group in groups:
@@ -186,26 +201,49 @@ class Plant:
         return min(soon)
 
     def _start_turn(self) -> bool:
+        found = self._next(high=True, block=self._high_block)
+        if found is None:
+            found = self._next(high=False, block=0)
+            if found is not None:
+                self._high_block += 1
+        if found is None:
+            self._high_block += 1
+            found = self._next(high=True, block=self._high_block)
+        if found is None:
+            return False
+        g, work = found
+        cost = self.switch_us if self._last is not None and g is not self._last else 0
+        self.switches += cost > 0
+        length = min(work, g.timeslice)
+        if work > g.timeslice:
+            length = min(work, g.timeslice + g.demand.overrun_us)
+        self._running, self._last = g, g
+        self._busy_from = self.now + cost
+        self._turn_end = self._busy_from + max(1, int(length))
+        self.starts.append((g.tenant, self._busy_from))
+        return True
+
+    def _next(self, *, high: bool, block: int) -> tuple[_Group, float] | None:
+        """The next enabled group with work at HIGH (not yet run in ``block``)
+        or below it, round robin from its pointer; the pointer moves past it."""
         n = len(self.groups)
+        start = self._high_pointer if high else self._pointer
         for i in range(n):
-            g = self.groups[(self._pointer + i) % n]
-            if not g.enabled:
+            g = self.groups[(start + i) % n]
+            if not g.enabled or (g.level == LEVEL_HIGH) != high:
+                continue
+            if high and g.high_block == block:
                 continue
             work = self._work(g)
             if work <= 0:
                 continue
-            self._pointer = (self._pointer + i + 1) % n
-            cost = self.switch_us if self._last is not None and g is not self._last else 0
-            self.switches += cost > 0
-            length = min(work, g.timeslice)
-            if work > g.timeslice:
-                length = min(work, g.timeslice + g.demand.overrun_us)
-            self._running, self._last = g, g
-            self._busy_from = self.now + cost
-            self._turn_end = self._busy_from + max(1, int(length))
-            self.starts.append((g.tenant, self._busy_from))
-            return True
-        return False
+            if high:
+                self._high_pointer = (start + i + 1) % n
+                g.high_block = block
+            else:
+                self._pointer = (start + i + 1) % n
+            return g, work
+        return None
 
     def _charge(self, to: int) -> None:
         g = self._running

@@ -102,6 +102,8 @@ class Recorder:
         self.most_clients_on = 0  # tenants have one client per GPU here
         self.timeslice: dict[tuple[int, int], int] = {}  # as the driver has them
         self.refuse: SchedResult | None = None  # the answer to every TIMESLICE entry
+        self.level: dict[tuple[int, int], int] = {}  # as the driver has them (none: MEDIUM)
+        self.refuse_level: SchedResult | None = None  # the answer to every INTERLEAVE entry
 
     async def apply(self, entries: Sequence[Sched]) -> None:
         await self.run(entries)
@@ -116,6 +118,11 @@ class Recorder:
                     results.append(self.refuse)
                     continue
                 self.timeslice[key] = e.arg
+            elif e.enable == SchedState.INTERLEAVE:
+                if self.refuse_level is not None:
+                    results.append(self.refuse_level)
+                    continue
+                self.level[key] = e.arg
             elif e.enable != SchedState.PREEMPT:
                 self.on[key] = e.enable in (SchedState.ON, True)
             results.append(SchedResult(0, 0))

@@ -96,7 +96,8 @@ def test_unit_loads_the_module_outside_its_bounding_set() -> None:
     assert "CAP_SYS_MODULE" not in text.split("CapabilityBoundingSet=")[1].split("\n")[0]
 
 
-def test_unit_keeps_only_net_admin() -> None:
-    """The daemon never touches tenant memory (issue 10 item 6): no CAP_SYS_PTRACE."""
+def test_unit_keeps_only_net_admin_and_sys_nice() -> None:
+    """The daemon never touches tenant memory (issue 10 item 6): no CAP_SYS_PTRACE.
+    CAP_SYS_NICE is the driver's condition for interleave levels (issue 14)."""
     bounding = UNIT.read_text().split("CapabilityBoundingSet=")[1].split("\n")[0]
-    assert bounding.split() == ["CAP_NET_ADMIN"]
+    assert bounding.split() == ["CAP_NET_ADMIN", "CAP_SYS_NICE"]

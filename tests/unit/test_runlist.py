@@ -13,11 +13,14 @@ from hypothesis import strategies as st
 from tests.support.runlist_plant import IDLE, SATURATING, Demand, Loop, Plant
 from vgpud.core.runlist import (
     CONVERGENCE_SAMPLES,
+    LEVEL_HIGH,
+    LEVEL_MEDIUM,
     BusySample,
     Event,
     Preempt,
     RunlistConfig,
     RunlistPlanner,
+    SetInterleave,
     SetTimeslice,
     Submitted,
 )
@@ -296,6 +299,35 @@ def test_priority_wait_is_bounded_whatever_the_weights() -> None:
     assert first - submit <= bound, (first - submit, bound)
 
 
+def test_priority_groups_are_high_and_run_after_one_slice_with_no_signal() -> None:
+    """A priority tenant's groups are HIGH from their creation: the runlist runs
+    one after every best-effort slice, so each of its wakes waits at most one
+    best-effort slice and a switch, though the planner hears of none of them
+    (no Submitted: no activity source, no preemption, nominal slices)."""
+    lp = loop(sample_us=500_000)
+    for i in range(4):
+        lp.add(f"be{i}", 1)
+    (group,) = lp.add("p", 1, [IDLE], priority=True)
+    assert (0, SetInterleave("p", group, LEVEL_HIGH)) in lp.actions
+    assert not any(isinstance(a, SetInterleave) and a.tenant != "p" for _, a in lp.actions)
+    run_samples(lp, 1)
+    start = lp.plant.now + 333
+    lp.plant.run_until(start)
+    lp.plant.set_demand("p", Demand(chunk_us=400, gap_us=9_000))
+    run_samples(lp, 4)
+    runs = [at for tid, at in lp.plant.starts if tid == "p" and at >= start]
+    ready = [start] + [at + 400 + 9_000 for at in runs[:-1]]
+    waits = [at - r for at, r in zip(runs, ready, strict=True)]
+    slice_us = max(a.us for _, a in lp.actions if isinstance(a, SetTimeslice) and a.tenant != "p")
+    assert len(waits) > 150 and max(waits) <= slice_us + 2 * lp.plant.switch_us, max(waits)
+    assert not any(isinstance(a, Preempt) for _, a in lp.actions)
+    shares = lp.shares(4)  # the best-effort tenants still share the rest equally
+    assert max(shares[f"be{i}"] for i in range(4)) - min(shares[f"be{i}"] for i in range(4)) < 1
+    lp.event(PriorityChanged("p", False))
+    assert lp.actions[-1][1] == SetInterleave("p", group, LEVEL_MEDIUM)
+    assert lp.planner.levels()[("p", group)] == LEVEL_MEDIUM
+
+
 def test_priority_without_idle_event_ends_after_a_quiet_window() -> None:
     lp = loop(sample_us=500_000)
     lp.add("be", 1)
@@ -312,7 +344,7 @@ def test_priority_without_idle_event_ends_after_a_quiet_window() -> None:
 
 
 def snapshot(p: RunlistPlanner) -> object:
-    return copy.deepcopy((p._tenants, p._slices, p._on, p._now, p._frame_start,
+    return copy.deepcopy((p._tenants, p._slices, p._on, p._levels, p._now, p._frame_start,
                           p._window_start, p._last_preempt))
 
 
@@ -423,13 +455,16 @@ def test_random_event_streams_keep_invariants(data: st.DataObject) -> None:
         elif isinstance(event, GroupFreed):
             known[event.tenant].discard(event.group)
         for action in actions:
-            named = (action.group,) if isinstance(action, SetTimeslice) else action.groups
+            one = isinstance(action, SetTimeslice | SetInterleave)
+            named = (action.group,) if one else action.groups
             assert action.tenant in known and set(named) <= known[action.tenant], action
             if isinstance(action, SetTimeslice):
                 assert CFG.min_timeslice_us <= action.us <= CFG.max_timeslice_us
-        order = [type(a).__name__ for a in actions]
-        ranks = [["GroupsOff", "SetTimeslice", "GroupsOn", "Preempt"].index(n) for n in order]
-        assert ranks == sorted(ranks), order
+        rank = {"GroupsOff": 0, "SetTimeslice": 1, "SetInterleave": 1, "GroupsOn": 2,
+                "Preempt": 3}
+        ranks = [rank[type(a).__name__] for a in actions]
+        assert ranks == sorted(ranks), actions
+        levels = p.levels()
         for tid, groups in known.items():
             t = p._tenants[tid]
             for g in groups:
@@ -438,6 +473,8 @@ def test_random_event_streams_keep_invariants(data: st.DataObject) -> None:
                     assert not on
                 elif t.cap is None or t.cap == 100:
                     assert on and (tid, g) in p._slices
+                if (tid, g) in levels:  # a priority tenant's groups come up after every other
+                    assert levels[(tid, g)] == (LEVEL_HIGH if t.priority else LEVEL_MEDIUM)
         assert all(1 / CFG.max_boost - 1e-9 <= b <= CFG.max_boost for b in p.boosts().values())
 
 

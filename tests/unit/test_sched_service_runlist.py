@@ -1,6 +1,7 @@
 """SchedulerService in runlist mode, in virtual time: timeslices by weight, the
-feedback from busy time, priority preemption, caps, pausing, the fallback to
-frame mode when the driver refuses a timeslice, and what stop restores."""
+feedback from busy time, priority interleave levels and preemption, caps,
+pausing, the fallback to frame mode when the driver refuses a timeslice, and
+what stop restores."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from vgpud.core.groups import Group
 from vgpud.kernel.uapi import Sched, SchedResult, SchedState
 from vgpud.sched.service import RUNLIST_POLL
 
-TS, PREEMPT = SchedState.TIMESLICE, SchedState.PREEMPT
-ORDER = {SchedState.OFF: 0, TS: 1, SchedState.ON: 2, PREEMPT: 3}  # the planner's order
+TS, PREEMPT, LEVEL = SchedState.TIMESLICE, SchedState.PREEMPT, SchedState.INTERLEAVE
+ORDER = {SchedState.OFF: 0, TS: 1, LEVEL: 1, SchedState.ON: 2, PREEMPT: 3}  # the planner's
 
 
 def run(coro: Any) -> Any:
@@ -159,6 +160,62 @@ def test_priority_wakeup_preempts_the_best_effort_groups(tmp_path: Path) -> None
         await w.service.stop()
 
     run(main())
+
+
+def test_priority_groups_are_high_until_stop(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A priority tenant's groups get the HIGH interleave level (2) with their
+    slice, the others none (the driver's MEDIUM); a priority change sends one
+    INTERLEAVE per group, and stop gives the raised groups MEDIUM (1) back."""
+    w = world(tmp_path)
+
+    async def main() -> None:
+        w.service.start(w.actuator)
+        w.manager.update_tenant("b", {"priority": "priority"})
+        a, b1, b2 = w.group("a"), w.group("b"), w.group("b")
+        await settle()
+        assert w.actuator.level == {(b1.client, b1.handle): 2, (b2.client, b2.handle): 2}
+        for _, entries in w.actuator.calls:
+            ranks = [ORDER[SchedState(e.enable)] for e in entries]
+            assert ranks == sorted(ranks), entries
+        calls = len(w.actuator.calls)
+        w.manager.update_tenant("a", {"priority": "priority"})
+        await settle()
+        assert [e for e in entries_since(w, calls) if e.enable == LEVEL] == [
+            Sched(a.ctx, a.client, a.handle, LEVEL, 2)]
+        w.manager.update_tenant("a", {"priority": "best-effort"})
+        await settle()
+        calls = len(w.actuator.calls)
+        await w.service.stop()
+        assert [e for e in entries_since(w, calls) if e.enable == LEVEL] == [
+            Sched(g.ctx, g.client, g.handle, LEVEL, 1) for g in (b1, b2)]
+        assert set(w.actuator.level.values()) == {1}
+
+    with caplog.at_level(logging.WARNING, "vgpud.sched.service"):
+        run(main())
+    assert not [r for r in caplog.records if "interleave" in r.getMessage()]
+
+
+def test_a_refused_interleave_level_is_said_once_and_the_mode_stays(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    w = world(tmp_path)
+    w.actuator.refuse_level = SchedResult(0, 0x1B)  # NV_ERR_INSUFFICIENT_PERMISSIONS
+
+    async def main() -> None:
+        w.service.start(w.actuator)
+        w.manager.update_tenant("b", {"priority": "priority"})
+        w.group("a")
+        for _ in range(3):
+            w.group("b")
+            await settle()
+        assert w.service.modes() == {0: "runlist", 1: "runlist"}
+        await w.service.stop()
+
+    with caplog.at_level(logging.WARNING, "vgpud.sched.service"):
+        run(main())
+    said = [r.getMessage() for r in caplog.records if "interleave" in r.getMessage()]
+    assert len(said) == 1 and "SET_INTERLEAVE_LEVEL 2 on group" in said[0], said
+    assert "NVIDIA status 0x1b" in said[0] and "CAP_SYS_NICE" in said[0]
 
 
 def test_a_cap_is_a_duty_cycle(tmp_path: Path) -> None:

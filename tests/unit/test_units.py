@@ -109,7 +109,8 @@ def test_probes_helper_within_bound_and_alone_with_cap_bpf(tmp_path: Path) -> No
     score, status = exposure(copies["vgpud-probes.service"], MAX_EXPOSURE)
     print(f"\nvgpud-probes.service exposure {score:.1f}")
     assert score <= MAX_EXPOSURE and status == 0
-    assert unit_values("vgpud.service", "CapabilityBoundingSet") == ["CAP_NET_ADMIN"]
+    assert unit_values("vgpud.service", "CapabilityBoundingSet") == [
+        "CAP_NET_ADMIN CAP_SYS_NICE"]
     assert unit_values("vgpud-probes.service", "CapabilityBoundingSet") == [
         "CAP_BPF CAP_PERFMON CAP_SYSLOG CAP_SYS_ADMIN"]
     (sock,) = unit_values("vgpud-probes.socket", "ListenStream")

@@ -61,6 +61,9 @@ class Group:
     def free(self) -> None:
         nv.must(nv.rm_free(self.ctl, self.client, self.client, self.handle), "free")
 
+    def level(self, level: int) -> None:
+        nv.must(nv.set_interleave_level(self.ctl, self.client, self.handle, level), "level")
+
 
 @pytest.fixture
 def ctl(nvsim: Path) -> Iterator[int]:
@@ -193,6 +196,33 @@ def test_timeslice_ratio(ctl):
     saturate(a, b)
     w = window([a, b], lambda w: 1.85 < w.busy[0] / w.busy[1] < 2.15, least=2.0)
     assert 1.85 < w.busy[0] / w.busy[1] < 2.15, w
+
+
+def test_interleave_levels_order_the_runlist(ctl):
+    """ctrla06c.h's runlist: with L = 2 LOW groups and M = 1 MEDIUM, the MEDIUM
+    group appears L times and each LOW once (m l1 m l2: 50 / 25 / 25 of the
+    GPU, at equal slices); a HIGH group comes after each of them (M + 1) * L
+    times (h m h l1 h m h l2: half the GPU)."""
+    med, low1, low2 = new_group(ctl), new_group(ctl), new_group(ctl)
+    low1.level(nv.LEVEL_LOW)
+    low2.level(nv.LEVEL_LOW)
+    saturate(med, low1, low2)
+
+    def near(want: list[float]):
+        return lambda w: all(abs(b / sum(w.busy) - x) < 0.03
+                             for b, x in zip(w.busy, want, strict=True))
+
+    want = [0.5, 0.25, 0.25]
+    w = window([med, low1, low2], near(want), least=2.0)
+    assert near(want)(w), w
+    high = new_group(ctl)
+    high.level(nv.LEVEL_HIGH)
+    saturate(high)
+    want = [0.25, 0.125, 0.125, 0.5]
+    w = window([med, low1, low2, high], near(want), least=2.0)
+    assert near(want)(w), w
+    levels = {(g.client, g.group): g.level for g in nv.proc_groups()}
+    assert [levels[(g.client, g.handle)] for g in (med, low1, low2, high)] == [1, 0, 0, 2]
 
 
 def test_lone_group_runs_without_switches(ctl):
@@ -367,7 +397,7 @@ def test_proc_views(ctl):
     fields = line.split(" ")
     head, wait = " ".join(fields[:8]), fields[8]
     assert head == f"0 {b.client:#x} {b.handle:#x} {os.getpid()} 0 3000 {5 * MS} 0"
-    assert fields[9:] == ["0"] * 5  # off: never ready, never preempted, never woken
+    assert fields[9:] == ["0"] * 5 + ["1"]  # off: never ready, preempted, woken; MEDIUM
     # Off with work pending: b waits (wait_ns grows); a, on, never waited.
     time.sleep(0.05)
     rows = {(p.client, p.group): p for p in nv.proc_groups()}

@@ -1,10 +1,12 @@
-"""SCHEDULE's TIMESLICE and PREEMPT ops (protocol v7) against the real module over
-nvsim (VM tier), judged by nvsim's own counters (/proc/driver/nvsim).
+"""SCHEDULE's TIMESLICE and PREEMPT ops (protocol v7) and INTERLEAVE (v8) against
+the real module over nvsim (VM tier), judged by nvsim's own counters
+(/proc/driver/nvsim).
 
 The groups belong to clients of /dev/vgpu/nvidiactl files this process opens
 (one file and client per tenant); this process is also the daemon that
 schedules them, through their owners' files. The hostile tenant is an
-unprivileged uid (tests/support/hostile.py) that calls PREEMPT itself.
+unprivileged uid (tests/support/hostile.py) that calls PREEMPT and
+SET_INTERLEAVE_LEVEL itself.
 
     scripts/vm-run -- python -m pytest -q -m vm tests/vm/test_runlist_controls.py
 """
@@ -15,6 +17,8 @@ import errno
 import json
 import os
 import struct
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -179,7 +183,7 @@ def test_bad_timeslice_and_bad_ops(groups: Callable[[], Group]) -> None:
     try:
         g.register()
         good = SCHED.pack(a.ctx, a.client, a.handle, SchedState.TIMESLICE, 4096)
-        for bad in ((5, 0), (0xFFFFFFFF, 0), (SchedState.PREEMPT, 1), (SchedState.ON, 7),
+        for bad in ((6, 0), (0xFFFFFFFF, 0), (SchedState.PREEMPT, 1), (SchedState.ON, 7),
                     (SchedState.OFF, 1), (SchedState.OWNER_OFF, 4096)):
             with pytest.raises(NlError) as err:
                 g.request(CMD_SCHEDULE, [(A_SCHED, good + SCHED.pack(
@@ -191,8 +195,77 @@ def test_bad_timeslice_and_bad_ops(groups: Callable[[], Group]) -> None:
     assert (row.timeslice_us, row.preempts, row.enabled) == (2048, 0, True)
 
 
+def wakes(g: Group, n: int, work_ns: int, gap_s: float) -> float:
+    """Gives ``g`` work ``n`` times, each after the last ran dry and ``gap_s`` more;
+    nvsim's mean submit-to-run latency in us."""
+    r0 = g.row()
+    for _ in range(n):
+        nv.must(nv.submit_work(g.fd, g.client, g.handle, work_ns), "submit")
+        end = time.monotonic() + 30
+        while g.row().pending_ns and time.monotonic() < end:
+            time.sleep(0.001)
+        time.sleep(gap_s)
+    r1 = g.row()
+    count = r1.wake_n - r0.wake_n
+    assert count == n, (r0, r1)
+    return (r1.wake_sum_ns - r0.wake_sum_ns) / count / 1e3
+
+
+def test_interleave_level_high_runs_after_every_other_slice(
+        groups: Callable[[], Group]) -> None:
+    """Three saturated groups with 4 ms slices make a 12 ms round. A group that
+    wakes 2 ms after its last work ran waits for most of that round at MEDIUM
+    (the driver's default), and for the rest of the slice running at HIGH: the
+    runlist puts a HIGH group after every lower one."""
+    busy = [groups() for _ in range(3)]
+    waker = groups()
+    assert waker.row().level == nv.LEVEL_MEDIUM
+    assert aio(schedule([g.sched(SchedState.TIMESLICE, 4096) for g in busy])) == [OK] * 3
+    for g in busy:
+        g.top_up()
+    time.sleep(0.2)
+    medium = wakes(waker, 30, 200_000, 0.002)
+    assert aio(schedule([waker.sched(SchedState.INTERLEAVE, nv.LEVEL_HIGH)])) == [OK]
+    assert waker.row().level == nv.LEVEL_HIGH
+    for g in busy:
+        g.top_up()
+    high = wakes(waker, 30, 200_000, 0.002)
+    print(f"runlist: wake after 2 ms idle behind 3 x 4096 us slices: mean {medium:.0f} us "
+          f"at MEDIUM, {high:.0f} us at HIGH")
+    assert high < medium / 2, (medium, high)
+    assert high < 4096 + 1000, high  # within the slice running, TCG's late timers aside
+    # The others still share the rest by their slices (equal here).
+    for g in busy:
+        g.top_up()
+    shares = [g.row().busy_ns for g in busy]
+    assert max(shares) - min(shares) < 0.05 * sum(shares), shares
+    assert int(get_param("vgpu", "sched_offs")) == 0  # not remembered either
+
+
+def test_bad_interleave_levels_and_a_daemon_without_cap_sys_nice(
+        groups: Callable[[], Group]) -> None:
+    """A level that is none of the three is the driver's NV_ERR_INVALID_ARGUMENT;
+    the control needs CAP_SYS_NICE of the caller, the daemon's process."""
+    a = groups()
+    for level in (3, 2**32 - 1):
+        assert aio(schedule([a.sched(SchedState.INTERLEAVE, level)])) == [
+            SchedResult(0, nv.NV_ERR_INVALID_ARGUMENT)]
+    assert a.row().level == nv.LEVEL_MEDIUM
+    code = ("import json, sys\n"
+            "from tests.support.sched import aio, schedule\n"
+            "from vgpud.kernel.uapi import Sched\n"
+            "print(json.dumps(aio(schedule([Sched(*json.loads(sys.argv[1]))]))))\n")
+    entry = json.dumps([a.ctx, a.client, a.handle, int(SchedState.INTERLEAVE), nv.LEVEL_HIGH])
+    out = subprocess.run(["setpriv", "--bounding-set=-sys_nice", "--inh-caps=-sys_nice",
+                          sys.executable, "-c", code, entry], check=True, text=True,
+                         capture_output=True, cwd=Path(__file__).parents[2]).stdout
+    assert json.loads(out) == [[0, nv.NV_ERR_INSUFFICIENT_PERMISSIONS]], out
+    assert a.row().level == nv.LEVEL_MEDIUM
+
+
 # The tenant: its own group first, then the victim's (argv: client, group), with
-# hostile PREEMPT params. Prints the (errno, status) of each call.
+# hostile PREEMPT params, and SET_INTERLEAVE_LEVEL on its own group. Prints the
+# (errno, status) of each call.
 TENANT = r"""
 import json, os, sys
 from tests.support import nvclient as nv
@@ -214,6 +287,8 @@ for name, (client, group) in {"own": (t.client, own),
                       params_ptr=0xDEAD000000000000)[:2],
     ]
 out["victim_ok"] = nv.preempt(fd, victim_client, victim_group)
+out["level"] = nv.set_interleave_level(fd, t.client, own, nv.LEVEL_HIGH)
+out["own_level"] = [g.level for g in nv.proc_groups() if (g.client, g.group) == (t.client, own)]
 print(json.dumps(out), flush=True)
 """
 
@@ -228,8 +303,11 @@ def test_tenant_preempt_with_hostile_params(groups: Callable[[], Group]) -> None
     tenant = spawn_tenant(f"import sys; sys.argv[1:] = {argv}\n{TENANT}")
     out, err = tenant.communicate(timeout=300)
     assert tenant.returncode == 0, err
-    res = {k: [tuple(x) for x in v] if k != "victim_ok" else tuple(v)
+    res = {k: [tuple(x) for x in v] if k in ("own", "victim") else tuple(v)
            for k, v in json.loads(out).items()}
+    # Raising its own group's level takes CAP_SYS_NICE, which the tenant lacks.
+    assert res["level"] == (0, nv.NV_ERR_INSUFFICIENT_PERMISSIONS)
+    assert res["own_level"] == (nv.LEVEL_MEDIUM,)
     bad_arg, bad_struct = (0, nv.NV_ERR_INVALID_ARGUMENT), (0, nv.NV_ERR_INVALID_PARAM_STRUCT)
     assert res["own"][:3] == [bad_arg] * 3
     assert res["own"][3:5] == [bad_struct] * 2

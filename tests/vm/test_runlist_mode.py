@@ -114,17 +114,18 @@ def tenant_props(name: str) -> dict:
     return asyncio.run(AdminClient.run(lambda c: c.tenant_properties(tenant_path(name))))
 
 
-def test_a_waking_priority_tenant_runs_within_a_round(world: TdmaWorld) -> None:
+def test_a_waking_priority_tenant_runs_within_a_slice(world: TdmaWorld) -> None:
     """Four best-effort tenants saturate the GPU; t4, priority, wakes WAKES times
-    (1 ms of work to its idle group, 40 ms after the last ran dry). Bound, from the design: its
-    group is always on, so it waits at most for the round robin to reach it: one
-    round of the best-effort groups (their slices as set: at most the nominal
-    1024 us each; shorter while the daemon has seen t4's work, and where the
-    feedback serves t4, which never uses its share) plus a context switch per
-    turn (a PREEMPT's, when the daemon's, triggered by its 20 ms activity poll,
-    lands first). Asserted with slack for TCG, whose timers run late: the
-    median within 2 nominal rounds, the mean within 4, nvsim's wake latency
-    counters being the judge."""
+    (1 ms of work to its idle group, 40 ms after the last ran dry). Bound, from
+    the design: its group is at the HIGH interleave level, which the runlist
+    puts after every best-effort group, so it waits at most for the slice
+    running when its work comes (the nominal 1024 us at most; shorter while the
+    daemon has seen t4's work, and where the feedback serves t4, which never
+    uses its share) plus a context switch (a PREEMPT's, when the daemon's,
+    triggered by its 20 ms activity poll, lands first), whatever the number of
+    best-effort groups. Asserted with slack for TCG, whose timers run late: the
+    median within 3 bounds, the mean within 6, nvsim's wake latency counters
+    being the judge."""
     tenants = world([1, 1, 1, 1, 1], tenant={4: 'priority = "priority"\n'},
                     cgroups=[0, 1, 2, 3])
     ctl = open_as_tenant(4)
@@ -134,7 +135,7 @@ def test_a_waking_priority_tenant_runs_within_a_round(world: TdmaWorld) -> None:
         wait_for(lambda: proc_group(tree.client, group).enabled, WAIT_S,
                  "the daemon to learn t4's group")
         best_effort = set(tenants.clients)
-        round_ns = 4 * 1024 * 1000 + 5 * ctxsw_ns()
+        bound_ns = 1024 * 1000 + ctxsw_ns()
         latencies = wake_latencies(ctl, tree.client, group, WAKES)
         slices = sorted(g.timeslice_us for g in nv.proc_groups() if g.client in best_effort)
         mine = proc_group(tree.client, group)
@@ -143,11 +144,12 @@ def test_a_waking_priority_tenant_runs_within_a_round(world: TdmaWorld) -> None:
     ordered = sorted(latencies)
     p50, p99 = ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, len(ordered) * 99 // 100)]
     print(f"priority wake: {len(ordered)} wakes, p50 {p50 / 1e3:.0f} us, p99 "
-          f"{p99 / 1e3:.0f} us, max {ordered[-1] / 1e3:.0f} us; bound (a round) "
-          f"{round_ns / 1e3:.0f} us; best-effort slices {slices} us, t4's "
+          f"{p99 / 1e3:.0f} us, max {ordered[-1] / 1e3:.0f} us; bound (a slice) "
+          f"{bound_ns / 1e3:.0f} us; best-effort slices {slices} us, t4's "
           f"{mine.timeslice_us} us; preemptions {tenant_props('t4')['Preemptions']}")
     assert len(ordered) >= WAKES // 2, f"too few wakes: {len(ordered)}"
     assert max(slices) <= 1024 and mine.timeslice_us > max(slices)
-    assert p50 <= 2 * round_ns, ordered
-    assert statistics.mean(ordered) <= 4 * round_ns, ordered
+    assert mine.level == nv.LEVEL_HIGH
+    assert p50 <= 3 * bound_ns, ordered
+    assert statistics.mean(ordered) <= 6 * bound_ns, ordered
     assert tenant_props("t4")["Preemptions"].get(0, 0) > 0  # its wake-ups were seen

@@ -5,15 +5,15 @@ The daemon feeds events and the current time in microseconds, performs the
 returned actions in order, and calls `tick` again at `next_deadline()`:
 
     actions = planner.handle(BusySample({"a": 1200, ...}), now_us)
-    for action in actions: ...   # GroupsOff, SetTimeslice, GroupsOn, Preempt
+    for action in actions: ...   # GroupsOff, SetTimeslice, SetInterleave, GroupsOn, Preempt
     sleep_until(planner.next_deadline())   # None: only events wake it
 
 The hardware visits the enabled groups that have work in turn, each for up to
 its timeslice, and skips a group without work: that alone conserves work, so
 the planner needs no activity signal (Runnable/Idle are optional). Each call
 computes the wanted state and emits only the difference from what it emitted
-before, in the order GroupsOff, SetTimeslice, GroupsOn, Preempt (a group is
-given its slice before it is switched on).
+before, in the order GroupsOff, SetTimeslice and SetInterleave, GroupsOn,
+Preempt (a group is given its slice before it is switched on).
 
 Nominal plan. Tenant i with weight w_i > 0, boost b_i (1 until the feedback
 says otherwise) and g_i groups gets slice u * w_i * b_i / g_i on each group,
@@ -106,14 +106,26 @@ tenant's groups are on for the first cap% of each frame and off for the rest
 most cap% of the GPU; under contention it gets its round-robin share of the
 on-phase only. A cap, weight or priority change takes effect at once.
 
-Priority. A priority tenant is active from Runnable or Submitted until Idle,
+Priority. A priority tenant's groups are at the runlist's HIGH interleave
+level (SetInterleave; every other group stays at the driver's default,
+MEDIUM): the hardware's runlist puts a HIGH group after every lower one, so a
+priority group that gets work runs once the slice running then ends (or at
+once on an idle engine), with no help from the planner, and gets a slice after
+every best-effort slice while it has work. Its wait is bounded by the longest
+best-effort slice plus a switch, whatever the number of groups: the nominal
+slice before the planner hears of the work, a share of priority_round_us
+after. Without interleave (a driver that refuses it), the bound is the
+best-effort round below.
+
+A priority tenant is active from Runnable or Submitted until Idle,
 or until a window in which it ran for no time and submitted nothing. While
 one is active, priority groups get `priority_slice_us` and best-effort
 groups their plan scaled so the smallest is `short_slice_us` and a round of
 them is at most `priority_round_us`, each slice floored at
 `min_timeslice_us` (so the round is at most priority_round_us plus one
 minimum slice per best-effort group, whatever the weights' spread: it
-bounds a priority group's wait for its turn, and best-effort shares follow
+bounds each best-effort slice, and without interleave the priority group's
+wait for its turn; best-effort shares follow
 the weights only as far as that allows); Submitted or
 Runnable of a priority tenant emits Preempt of every enabled best-effort
 tenant's groups (the planner does not know which one runs), at most once per
@@ -150,17 +162,23 @@ from vgpud.core.tdma import (
 
 __all__ = [
     "CONVERGENCE_SAMPLES",
+    "LEVEL_HIGH",
+    "LEVEL_MEDIUM",
     "Action",
     "BusySample",
     "Event",
     "Preempt",
     "RunlistConfig",
     "RunlistPlanner",
+    "SetInterleave",
     "SetTimeslice",
     "Submitted",
 ]
 
 CONVERGENCE_SAMPLES = 6  # windows, with the defaults: see the module docstring
+# NVA06C_CTRL_INTERLEAVE_LEVEL_*: a new group is MEDIUM; HIGH comes after every lower group.
+LEVEL_MEDIUM = 1
+LEVEL_HIGH = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +272,15 @@ class SetTimeslice:
 
 
 @dataclass(frozen=True, slots=True)
+class SetInterleave:
+    """The group's runlist interleave level (LEVEL_MEDIUM or LEVEL_HIGH)."""
+
+    tenant: str
+    group: int
+    level: int
+
+
+@dataclass(frozen=True, slots=True)
 class Preempt:
     """End the running slice if one of these groups holds the engine."""
 
@@ -262,7 +289,7 @@ class Preempt:
 
 
 Event = TenantEvent | Tick | BusySample | Submitted
-Action = GroupsOff | SetTimeslice | GroupsOn | Preempt
+Action = GroupsOff | SetTimeslice | SetInterleave | GroupsOn | Preempt
 
 _TENANT_EVENTS = (TenantAdded, TenantRemoved, Runnable, Idle, WeightChanged, CapChanged,
                   PriorityChanged, GroupCreated, GroupFreed, Submitted)
@@ -293,6 +320,7 @@ class RunlistPlanner:
         self._last_preempt: int | None = None
         self._slices: dict[tuple[str, int], int] = {}  # as last sent
         self._on: dict[tuple[str, int], bool] = {}  # as last sent
+        self._levels: dict[tuple[str, int], int] = {}  # as last sent (none: MEDIUM)
         # The plan may differ from what was sent: set by every event but a
         # sample or a tick, and by a closed feedback window; else a sample
         # costs no plan (the plan is a function of that state, and of time
@@ -306,6 +334,10 @@ class RunlistPlanner:
     def timeslices(self) -> dict[tuple[str, int], int]:
         """Each known group's timeslice as last sent, in microseconds."""
         return dict(self._slices)
+
+    def levels(self) -> dict[tuple[str, int], int]:
+        """Each group's interleave level as last sent (LEVEL_MEDIUM if none was)."""
+        return {key: self._levels.get(key, LEVEL_MEDIUM) for key in self._slices}
 
     def switched_on(self) -> frozenset[str]:
         """The tenants with a group switched on (all but weight 0 and a cap's off phase)."""
@@ -416,6 +448,7 @@ class RunlistPlanner:
     def _forget(self, tid: str, group: int) -> None:
         self._slices.pop((tid, group), None)
         self._on.pop((tid, group), None)
+        self._levels.pop((tid, group), None)
 
     # --- feedback ------------------------------------------------------------
 
@@ -548,6 +581,7 @@ class RunlistPlanner:
             enabled = self._enabled(tenant, now)
             turn_on: list[int] = []
             turn_off: list[int] = []
+            level = LEVEL_HIGH if tenant.priority else LEVEL_MEDIUM
             for group in sorted(tenant.groups):
                 key = (tid, group)
                 want = plan.get(key)
@@ -555,6 +589,9 @@ class RunlistPlanner:
                 if want is not None and (have is None or 100 * abs(want - have) > hyst * have):
                     self._slices[key] = want
                     sets.append(SetTimeslice(tid, group, want))
+                if self._levels.get(key, LEVEL_MEDIUM) != level:
+                    self._levels[key] = level
+                    sets.append(SetInterleave(tid, group, level))
                 if self._on.get(key) != enabled:
                     self._on[key] = enabled
                     (turn_on if enabled else turn_off).append(group)

@@ -15,7 +15,7 @@ from vgpud.kernel.cstruct import CStruct
 
 GENL_NAME = "vgpu"
 GENL_VERSION = 1
-PROTO_VERSION = 7
+PROTO_VERSION = 8
 
 OFF_NONE = 0xFFFFFFFF
 RULE_MATCH_MAX = 32
@@ -218,7 +218,7 @@ SCHED = CStruct(
     ("h_client", "I"),
     ("h_object", "I"),
     ("enable", "I"),
-    ("arg", "I"),  # v7: TIMESLICE's microseconds (reserved before)
+    ("arg", "I"),  # v7: TIMESLICE's microseconds (reserved before); v8: INTERLEAVE's level
 )
 
 SCHED_RESULT = CStruct(
@@ -469,13 +469,15 @@ class SchedState(IntEnum):
     OWNER_OFF = 2  # off for its owner: stays off without a daemon
     TIMESLICE = 3  # v7: SET_TIMESLICE to ``arg`` us (not remembered)
     PREEMPT = 4  # v7: PREEMPT, bWait 0 (not remembered)
+    INTERLEAVE = 5  # v8: SET_INTERLEAVE_LEVEL to ``arg`` (not remembered)
 
 
 class Sched(NamedTuple):
     """struct vgpu_sched: one scheduling control of one channel group.
 
     ``enable``: a SchedState, the op (True and False are ON and OFF);
-    ``arg``: the timeslice in us for TIMESLICE, zero for the others."""
+    ``arg``: the timeslice in us for TIMESLICE, the level for INTERLEAVE, zero
+    for the others."""
 
     ctx_id: int
     h_client: int

@@ -24,6 +24,9 @@ TIMESLICE (NVA06C_CTRL_CMD_SET_TIMESLICE, ``arg`` us) and PREEMPT
 context. Their callers need each entry's outcome (a driver that refuses
 timeslice changes sends the daemon back to frame mode), so ``set_timeslices``
 and ``preempt`` return the results, one per entry, besides counting them.
+Protocol v8 adds INTERLEAVE (NVA06C_CTRL_CMD_SET_INTERLEAVE_LEVEL, ``arg`` the
+level), which the driver allows a caller with CAP_SYS_NICE: the module issues
+it in the daemon's process.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from vgpud.kernel.uapi import Sched, SchedResult, SchedState
 from vgpud.nvidia.escapes import NvStatus
 
 __all__ = ["Actuator", "ActuatorStats", "GroupRef", "ModuleActuator", "RunlistActuator",
-           "ScheduleChannel", "preempt_entries", "timeslice_entries"]
+           "ScheduleChannel", "level_entries", "preempt_entries", "timeslice_entries"]
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +66,20 @@ def timeslice_entries(slices: Iterable[tuple[GroupRef, int]]) -> list[Sched]:
     """TIMESLICE entries, in order. The driver judges each value (nvsim and the
     driver refuse one below their minimum with NV_ERR_NOT_SUPPORTED); only what
     the u32 ``arg`` cannot carry is refused here, with ValueError."""
+    return _arg_entries(SchedState.TIMESLICE, slices)
+
+
+def level_entries(levels: Iterable[tuple[GroupRef, int]]) -> list[Sched]:
+    """INTERLEAVE entries, in order; the driver judges each level (as above)."""
+    return _arg_entries(SchedState.INTERLEAVE, levels)
+
+
+def _arg_entries(op: SchedState, args: Iterable[tuple[GroupRef, int]]) -> list[Sched]:
     out = []
-    for group, us in slices:
-        if not 0 <= us <= ARG_MAX:
-            raise ValueError(f"timeslice {us} us of group {group.h_object:#x}: not a u32")
-        out.append(Sched(*group, SchedState.TIMESLICE, us))
+    for group, arg in args:
+        if not 0 <= arg <= ARG_MAX:
+            raise ValueError(f"{op.name} {arg} of group {group.h_object:#x}: not a u32")
+        out.append(Sched(*group, op, arg))
     return out
 
 
@@ -91,13 +103,14 @@ class ActuatorStats:
     errors: int = 0  # calls that got no answer (channel closed, timeout)
     timeslices: int = 0  # TIMESLICE entries sent
     preempts: int = 0  # PREEMPT entries sent
+    levels: int = 0  # INTERLEAVE entries sent
     latency_ns: deque[int] = field(default_factory=lambda: deque(maxlen=100_000))
     # the latest calls' send-to-reply times
 
     def counts(self) -> dict[str, int]:
         return {"calls": self.calls, "entries": self.entries, "failed": self.failed,
                 "gone": self.gone, "errors": self.errors, "timeslices": self.timeslices,
-                "preempts": self.preempts}
+                "preempts": self.preempts, "levels": self.levels}
 
 
 class Actuator(Protocol):
@@ -149,6 +162,7 @@ class ModuleActuator:
             stats.entries += len(chunk)
             stats.timeslices += sum(e.enable == SchedState.TIMESLICE for e in chunk)
             stats.preempts += sum(e.enable == SchedState.PREEMPT for e in chunk)
+            stats.levels += sum(e.enable == SchedState.INTERLEAVE for e in chunk)
             t0 = time.monotonic_ns()
             try:
                 results = await self.channel.schedule(chunk)

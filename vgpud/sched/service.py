@@ -18,9 +18,11 @@ Inputs, each turned into core events at the current time:
   BusySample. Without a source the planner gets neither (it needs none: the
   hardware skips groups without work), and priority tenants are planned by
   their weights alone. Without a priority tenant, runlist mode polls at most
-  every RUNLIST_POLL seconds: its feedback windows span hundreds of ms;
+  every RUNLIST_POLL seconds: its feedback windows span 128 rounds (a quarter
+  of a second at the least) and the shares are published once a second, and
+  each poll costs CPU per tenant;
 - a timer per GPU at the core's next deadline: Tick.
-Each plan the core returns (GroupsOff, then SetTimeslice, GroupsOn, Preempt)
+Each plan the core returns (GroupsOff, SetTimeslice/SetInterleave, GroupsOn, Preempt)
 becomes one actuator call with the entries in that order. Calls go out in the
 order of the decisions (tasks start in creation order, and a call sends its
 request before its first await).
@@ -32,7 +34,10 @@ already holds when the service is made (a restarted daemon's, from the charge
 journal), each as if just created, or turned off for good if paused.
 ``stop`` turns every known group on again (but those their owners paused),
 so that tenants do not stay switched off without a daemon, and on a GPU in
-runlist mode first gives every group the driver's default timeslice back.
+runlist mode first gives every group the driver's default timeslice back (and
+the priority tenants' groups the default interleave level). A driver that
+refuses interleave levels (the daemon lacks CAP_SYS_NICE) is logged once per
+GPU; the mode stays.
 Shares are published to ``observers`` (SharesChanged) at most once per
 SHARE_INTERVAL.
 """
@@ -65,11 +70,13 @@ from vgpud.core.groups import (
 )
 from vgpud.core.observers import Topic
 from vgpud.core.runlist import (
+    LEVEL_HIGH,
     Action,
     BusySample,
     Event,
     Preempt,
     RunlistPlanner,
+    SetInterleave,
     SetTimeslice,
     Submitted,
 )
@@ -109,10 +116,11 @@ __all__ = ["SchedActuator", "SchedStats", "SchedulerService"]
 log = logging.getLogger(__name__)
 
 SHARE_INTERVAL = 1.0  # seconds between share updates
-RUNLIST_POLL = 0.1  # seconds between polls in runlist mode while no tenant is priority
+RUNLIST_POLL = 0.5  # seconds between polls in runlist mode while no tenant is priority
 STOP_TIMEOUT = 2.0
 KEEP_SAMPLES = 100_000  # the latest latency samples kept for the stats
 _SCHED_FIELDS = frozenset({"weight", "cap", "priority"})
+CHECKED_OPS = (SchedState.TIMESLICE, SchedState.INTERLEAVE)  # results read, not only counted
 
 
 class CallLater(Protocol):
@@ -153,6 +161,7 @@ class _Gpu:
     mode: Mode
     core: Core
     refused: str | None = None  # why runlist mode was given up here
+    no_interleave: str | None = None  # why the driver refused an interleave level
     groups: dict[str, int] = field(default_factory=dict)  # tenant -> live groups here
     runnable: set[str] = field(default_factory=set)  # as told to the core
     preempts: dict[str, int] = field(default_factory=dict)  # tenant -> preemptions it caused
@@ -247,7 +256,8 @@ class SchedulerService:
         if actuator is None:
             return
         runlist = {i for i, gpu in self._gpus.items() if gpu.mode == RUNLIST}
-        entries = restore_entries(g for g in self.tracker if g.gpu in runlist)
+        entries = restore_entries((g for g in self.tracker if g.gpu in runlist),
+                                  (g for g in self.tracker if self._raised(g)))
         entries += [Sched(g.ctx, g.client, g.handle, True) for g in self.tracker
                     if not self.tracker.paused(g)]
         try:
@@ -493,7 +503,7 @@ class SchedulerService:
         entries = to_entries(actions, self._groups)
         if not entries:
             return
-        if any(not isinstance(a, SetTimeslice | Preempt) for a in actions):
+        if any(not isinstance(a, SetTimeslice | SetInterleave | Preempt) for a in actions):
             self.stats.switches += 1
         self.stats.timeslices += sum(e.enable == SchedState.TIMESLICE for e in entries)
         self.stats.preempts += sum(e.enable == SchedState.PREEMPT for e in entries)
@@ -517,13 +527,26 @@ class SchedulerService:
         actuator = self._actuator
         if actuator is None:
             return
-        if gpu is None or not any(e.enable == SchedState.TIMESLICE for e in entries):
+        if gpu is None or not any(e.enable in CHECKED_OPS for e in entries):
             await actuator.apply(entries)
         else:
-            why = refusal(entries, await actuator.run(entries))
-            if why is not None:
+            results = await actuator.run(entries)
+            if (why := refusal(entries, results)) is not None:
                 self._fall_back(gpu, why)
+            if gpu.no_interleave is None and (
+                    why := refusal(entries, results, SchedState.INTERLEAVE)) is not None:
+                gpu.no_interleave = why
+                log.warning("scheduler: GPU %d: the driver refused an interleave level (%s): "
+                            "a priority tenant's wait is bounded by the best-effort round, "
+                            "not by one slice (the daemon needs CAP_SYS_NICE)", gpu.index, why)
         self.stats.latency_ns.append(self._clock() - decided)
+
+    def _raised(self, group: Group) -> bool:
+        """Whether the group was given the HIGH interleave level."""
+        gpu = self._gpus.get(group.gpu)
+        if gpu is None or not isinstance(gpu.core, RunlistPlanner):
+            return False
+        return gpu.core.levels().get((group.tenant, group.id)) == LEVEL_HIGH
 
     def _fall_back(self, gpu: _Gpu, why: str) -> None:
         """Frame mode on this GPU for good: a new TdmaScheduler told all it must know."""

@@ -235,4 +235,22 @@ struct nva06c_preempt_params {
 	u32 timeout_us;
 };
 
+/*
+ * SET_INTERLEAVE_LEVEL (ctrla06c.h): how often the group appears in its
+ * runlist. With L groups at LOW and M at MEDIUM, a LOW group appears
+ * once, a MEDIUM one L times (once if L is 0) and a HIGH one (M + 1) * L
+ * times (M times if L is 0, once if M is 0 too): a HIGH group comes up
+ * after every lower group. New groups are MEDIUM (kchangrpapiConstruct).
+ * The control needs RS_ACCESS_NICE: a privileged client, or a caller with
+ * CAP_SYS_NICE (os_check_access), checked at every call.
+ */
+#define NVA06C_CTRL_CMD_SET_INTERLEAVE_LEVEL		0xa06c0107
+#define NVA06C_CTRL_INTERLEAVE_LEVEL_LOW		0
+#define NVA06C_CTRL_INTERLEAVE_LEVEL_MEDIUM		1
+#define NVA06C_CTRL_INTERLEAVE_LEVEL_HIGH		2
+
+struct nva06c_interleave_level_params {
+	u32 tsg_interleave_level;
+};
+
 #endif /* _NVIDIA_NV_RM_H */

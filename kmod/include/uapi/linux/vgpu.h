@@ -38,6 +38,8 @@
  *   7: SCHEDULE ops VGPU_SCHED_TIMESLICE (NVA06C_CTRL_CMD_SET_TIMESLICE,
  *      struct vgpu_sched's reserved field becomes arg, the timeslice in us)
  *      and VGPU_SCHED_PREEMPT (NVA06C_CTRL_CMD_PREEMPT, bWait 0).
+ *   8: SCHEDULE op VGPU_SCHED_INTERLEAVE (NVA06C_CTRL_CMD_SET_INTERLEAVE_LEVEL,
+ *      arg the level).
  *
  * The protocol is append-only: new commands, attributes and enum values are
  * added at the end; existing layouts never change.
@@ -49,7 +51,7 @@
 
 #define VGPU_GENL_NAME		"vgpu"
 #define VGPU_GENL_VERSION	1
-#define VGPU_PROTO_VERSION	7
+#define VGPU_PROTO_VERSION	8
 
 /* Kinds of emulated node. A rule's node_mask is a set of (1 << node). */
 enum vgpu_node {
@@ -388,6 +390,11 @@ struct vgpu_context {
  * its engine (NVA06C_CTRL_CMD_PREEMPT, bWait and bManualTimeout 0). Each
  * is one control through the owner's file, like ON and OFF, and neither is
  * remembered.
+ *
+ * v8: VGPU_SCHED_INTERLEAVE sets the group's runlist interleave level to
+ * arg (NVA06C_CTRL_CMD_SET_INTERLEAVE_LEVEL: 0 LOW, 1 MEDIUM, 2 HIGH; the
+ * driver judges the value, and checks CAP_SYS_NICE of the daemon, in
+ * whose process the control runs). Not remembered either.
  */
 enum vgpu_sched_state {
 	VGPU_SCHED_OFF = 0,
@@ -395,6 +402,7 @@ enum vgpu_sched_state {
 	VGPU_SCHED_OWNER_OFF = 2,
 	VGPU_SCHED_TIMESLICE = 3,
 	VGPU_SCHED_PREEMPT = 4,
+	VGPU_SCHED_INTERLEAVE = 5,
 };
 
 /**
@@ -403,8 +411,8 @@ enum vgpu_sched_state {
  * @h_client: the RM client
  * @h_object: the channel group (KEPLER_CHANNEL_GROUP_A)
  * @enable: enum vgpu_sched_state, the op
- * @arg: VGPU_SCHED_TIMESLICE: the timeslice in us; zero for the others
- *	(before v7: reserved, zero)
+ * @arg: VGPU_SCHED_TIMESLICE: the timeslice in us; VGPU_SCHED_INTERLEAVE:
+ *	the level; zero for the others (before v7: reserved, zero)
  *
  * An entry with an unknown op, or a nonzero arg where none is taken,
  * refuses its whole message with -EINVAL: nothing of it is issued.
