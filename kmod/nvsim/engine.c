@@ -16,10 +16,12 @@
  * as there are MEDIUM groups.  The hardware counts runlist entries, idle
  * ones included; nvsim counts slices run, which differs only while some
  * MEDIUM groups have no work.  With HIGH groups alone, or lower ones
- * alone, the picks are the plain round robin above.  Disabling or freeing the running group
- * preempts it at once: the caller ends its slice, starts the next runnable
- * group and wakes the kthread to sleep to that group's deadline.  Work
- * submitted to an idle engine starts the same way, at the submission.
+ * alone, the picks are the plain round robin above.
+ *
+ * Disabling or freeing the running group preempts it at once: the caller
+ * ends its slice, starts the next runnable group and wakes the kthread to
+ * sleep to that group's deadline.  Work submitted to an idle engine starts
+ * the same way, at the submission.
  *
  * PREEMPT (NVA06C_CTRL_CMD_PREEMPT) of the running group ends its slice at
  * once: it goes to the tail of the list and the engine spends ctxsw_us
@@ -103,8 +105,8 @@ MODULE_PARM_DESC(ctxsw_us, "Context switch time of a PREEMPT, in us (default 50,
 /*
  * One GPU's engine.  @lock protects everything below it and, for each
  * group on @groups, the group's node, enabled, timeslice_us, level,
- * high_block and its counters (pending_ns, busy_ns, wait_ns, debt_ns, preempts, ready_ns and
- * the wake_* fields).  It is a spinlock, taken from process context only
+ * high_block and its counters (pending_ns, busy_ns, wait_ns, debt_ns,
+ * preempts, ready_ns and the wake_* fields).  It is a spinlock, taken from process context only
  * (ioctls, proc reads, the kthread), never held while sleeping; it nests
  * inside nvsim_lock.
  */

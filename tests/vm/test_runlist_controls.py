@@ -264,8 +264,8 @@ def test_bad_interleave_levels_and_a_daemon_without_cap_sys_nice(
 
 
 # The tenant: its own group first, then the victim's (argv: client, group), with
-# hostile PREEMPT params, and SET_INTERLEAVE_LEVEL on its own group. Prints the
-# (errno, status) of each call.
+# hostile PREEMPT params, and SET_INTERLEAVE_LEVEL on its own group (also from
+# a user namespace of its own). Prints the (errno, status) of each call.
 TENANT = r"""
 import json, os, sys
 from tests.support import nvclient as nv
@@ -288,6 +288,11 @@ for name, (client, group) in {"own": (t.client, own),
     ]
 out["victim_ok"] = nv.preempt(fd, victim_client, victim_group)
 out["level"] = nv.set_interleave_level(fd, t.client, own, nv.LEVEL_HIGH)
+# Every capability, in a user namespace of its own: CAP_SYS_NICE counts in the
+# initial one only.
+import ctypes
+assert ctypes.CDLL(None, use_errno=True).unshare(0x10000000) == 0  # CLONE_NEWUSER
+out["level_userns"] = nv.set_interleave_level(fd, t.client, own, nv.LEVEL_HIGH)
 out["own_level"] = [g.level for g in nv.proc_groups() if (g.client, g.group) == (t.client, own)]
 print(json.dumps(out), flush=True)
 """
@@ -306,7 +311,7 @@ def test_tenant_preempt_with_hostile_params(groups: Callable[[], Group]) -> None
     res = {k: [tuple(x) for x in v] if k in ("own", "victim") else tuple(v)
            for k, v in json.loads(out).items()}
     # Raising its own group's level takes CAP_SYS_NICE, which the tenant lacks.
-    assert res["level"] == (0, nv.NV_ERR_INSUFFICIENT_PERMISSIONS)
+    assert res["level"] == res["level_userns"] == (0, nv.NV_ERR_INSUFFICIENT_PERMISSIONS)
     assert res["own_level"] == (nv.LEVEL_MEDIUM,)
     bad_arg, bad_struct = (0, nv.NV_ERR_INVALID_ARGUMENT), (0, nv.NV_ERR_INVALID_PARAM_STRUCT)
     assert res["own"][:3] == [bad_arg] * 3
