@@ -11,16 +11,21 @@ over the last half (percentage points of the busy time), the switching loss,
 and when the feedback last changed a boost (its windows span 128 planned
 rounds, so with many tenants they are long). Then, in samples until every
 later sample is within 1 point: 1 group against 8 at 1:1, and a tenant wound
-up below its share that then saturates.
+up below its share that then saturates. Last, a priority tenant's submit-to-run
+wait (1 ms of work 40 ms after the last ran dry, 100 wakes) behind n saturating
+tenants of random weights 1..1000, which the planner hears of (Submitted) 20 ms
+late, as an activity poll would: with its group at the HIGH interleave level,
+and with levels ignored (a driver that refuses them).
 """
 
 from __future__ import annotations
 
 import random
 import time
+from collections.abc import Iterable
 
 from tests.support.runlist_plant import SATURATING, Demand, Loop, Plant
-from vgpud.core.runlist import Action, Event, RunlistPlanner
+from vgpud.core.runlist import Action, Event, RunlistPlanner, SetInterleave, Submitted
 
 SWITCH_US = 20
 OVERRUN_US = 60
@@ -96,6 +101,38 @@ def wound_up() -> int:
     return converged(lp, {"u": 50, "s": 50}, start)
 
 
+class LevelBlindPlant(Plant):
+    """A runlist whose driver refused the interleave levels."""
+
+    def apply(self, actions: Iterable[Action]) -> None:
+        super().apply(a for a in actions if not isinstance(a, SetInterleave))
+
+
+def priority_waits(n: int, levels: bool, wakes: int = 100) -> list[int]:
+    """Submit-to-run waits (us) of a priority tenant behind n saturating ones."""
+    rng = random.Random(n)
+    plant = Plant(switch_us=SWITCH_US) if levels else LevelBlindPlant(switch_us=SWITCH_US)
+    lp = Loop(RunlistPlanner(), plant, sample_us=SAMPLE_US)
+    for i in range(n):
+        lp.add(f"t{i:02}", rng.randint(1, 1000), [Demand(overrun_us=OVERRUN_US)])
+    lp.add("p", 1, [Demand(rate=0.0)], priority=True)
+    lp.run(2 * SAMPLE_US)
+    waits = []
+    for _ in range(wakes):
+        lp.run(40_000 + rng.randrange(1_000))
+        lp.plant.set_demand("p", Demand(chunk_us=1_000, gap_us=10**9))
+        submit = lp.plant.now
+        lp.run(20_000)
+        lp.event(Submitted("p"))
+        while not lp.plant.get("p", n + 1).busy or lp.plant.get("p", n + 1).chunk_left:
+            lp.run(1_000)
+        waits.append(min(at for tid, at in lp.plant.starts if tid == "p" and at >= submit)
+                     - submit)
+        lp.plant.get("p", n + 1).busy = 0
+        lp.plant.set_demand("p", Demand(rate=0.0))
+    return sorted(waits)
+
+
 def main() -> None:
     print(f"{SWITCH_US} us per switch, {OVERRUN_US} us overrun per slice, "
           f"a busy sample every {SAMPLE_US // 1000} ms")
@@ -110,6 +147,13 @@ def main() -> None:
           f"converged after {samples} samples of 2.5 s")
     print(f"a tenant wound up at 20% demand, then saturating: converged after "
           f"{wound_up()} samples of 0.5 s")
+    print("priority submit-to-run, the planner told 20 ms late (p50 / p99 / max, us):")
+    for n in (2, 4, 16, 64):
+        row = []
+        for levels in (True, False):
+            w = priority_waits(n, levels)
+            row.append(f"{w[len(w) // 2]} / {w[len(w) * 99 // 100]} / {w[-1]}")
+        print(f"{n:>7} tenants: HIGH {row[0]:>22}   levels ignored {row[1]:>22}")
 
 
 if __name__ == "__main__":

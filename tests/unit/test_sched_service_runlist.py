@@ -148,14 +148,19 @@ def test_priority_wakeup_preempts_the_best_effort_groups(tmp_path: Path) -> None
         assert ops == sorted(ops)  # timeslices first, then the preemptions
         assert [e for e in entries if e.enable == PREEMPT] == [
             Sched(g.ctx, g.client, g.handle, PREEMPT) for g in (a1, a2, c)]
-        slices = w.actuator.timeslice
+        slices = dict(w.actuator.timeslice)
         assert slices[(b.client, b.handle)] == 8192
         assert min(slices[(g.client, g.handle)] for g in (a1, a2, c)) == 512
         assert w.service.preemptions("b") == {0: 1}
         assert w.service.preemptions("a") == {}
-        source.runnable = {(0, "a"), (0, "c")}  # idle again: nominal slices back
+        source.runnable = {(0, "a"), (0, "c")}  # idle again: short slices stay
         await w.service.poll()
         await settle()
+        assert w.actuator.timeslice == slices
+        for _ in range(3):  # until a feedback window closes in which b did nothing
+            w.clock.now += 2_000 * MS
+            await w.service.poll()
+            await settle()
         assert w.actuator.timeslice == nominal
         await w.service.stop()
 

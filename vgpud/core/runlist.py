@@ -117,8 +117,11 @@ slice before the planner hears of the work, a share of priority_round_us
 after. Without interleave (a driver that refuses it), the bound is the
 best-effort round below.
 
-A priority tenant is active from Runnable or Submitted until Idle,
-or until a window in which it ran for no time and submitted nothing. While
+A priority tenant is active from Runnable or Submitted until a feedback
+window closes in which it ran for no time and submitted nothing; an Idle does
+not end it, so the best-effort slices stay short between its bursts (each of
+which would otherwise find a nominal, possibly long, slice running, and wait
+for it before the planner hears of the burst). While
 one is active, priority groups get `priority_slice_us` and best-effort
 groups their plan scaled so the smallest is `short_slice_us` and a round of
 them is at most `priority_round_us`, each slice floored at
@@ -426,8 +429,8 @@ class RunlistPlanner:
                 if tenant.priority and tenant.weight > 0:
                     tenant.active = True
                     return True
-            case Idle(tenant=tid):
-                self._tenants[tid].active = False
+            case Idle():
+                pass  # a priority tenant stays active until a quiet window closes
             case WeightChanged(tenant=tid, weight=weight):
                 self._tenants[tid].weight = weight
             case CapChanged(tenant=tid, cap=cap):
