@@ -1,6 +1,6 @@
 """Benchmark the runlist planner against the simulated runlist, in virtual time.
 
-Run: .venv/bin/python tests/bench/bench_runlist.py
+Run: PYTHONPATH=. .venv/bin/python tests/bench/bench_runlist.py
 
 n saturating tenants (random weights 1..10, 1 to 3 groups each, every slice
 overrunning by OVERRUN_US, SWITCH_US per switch), a BusySample every

@@ -328,6 +328,20 @@ def test_priority_groups_are_high_and_run_after_one_slice_with_no_signal() -> No
     assert lp.planner.levels()[("p", group)] == LEVEL_MEDIUM
 
 
+def test_a_priority_tenant_seen_only_in_busy_time_is_active() -> None:
+    """Bursts shorter than the poll show as busy time only: one is enough to make
+    the priority tenant active (short best-effort slices), no Submitted needed."""
+    lp = loop(sample_us=20_000)
+    lp.add("be", 1)
+    lp.add("p", 1, [IDLE], priority=True)
+    run_samples(lp, 5)
+    assert lp.planner.timeslices()[("be", 1)] == CFG.base_slice_us
+    lp.plant.set_demand("p", Demand(chunk_us=300, gap_us=40_000))
+    run_samples(lp, 3)
+    assert lp.planner.timeslices()[("be", 1)] == CFG.short_slice_us
+    assert not any(isinstance(a, Preempt) for _, a in lp.actions)  # its work had run
+
+
 def test_priority_without_idle_event_ends_after_a_quiet_window() -> None:
     lp = loop(sample_us=500_000)
     lp.add("be", 1)

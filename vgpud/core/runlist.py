@@ -117,7 +117,8 @@ slice before the planner hears of the work, a share of priority_round_us
 after. Without interleave (a driver that refuses it), the bound is the
 best-effort round below.
 
-A priority tenant is active from Runnable or Submitted until a feedback
+A priority tenant is active from Runnable, Submitted or a BusySample in
+which it ran (a burst too short for the activity poll to see) until a feedback
 window closes in which it ran for no time and submitted nothing; an Idle does
 not end it, so the best-effort slices stay short between its bursts (each of
 which would otherwise find a nominal, possibly long, slice running, and wait
@@ -458,8 +459,10 @@ class RunlistPlanner:
     def _sample(self, busy: Mapping[str, int], now: int) -> None:
         for tid, tenant in self._tenants.items():
             value = busy.get(tid, tenant.busy_mark)
-            if value >= tenant.busy_mark:
+            if value > tenant.busy_mark:
                 tenant.window_busy += value - tenant.busy_mark
+                if tenant.priority and tenant.weight > 0 and not tenant.active:
+                    tenant.active = self._stale = True  # it ran: a burst no poll caught
             tenant.busy_mark = value
         elapsed = now - self._window_start
         if elapsed <= 0 or elapsed < self._cfg.window_rounds * self._round_us():
