@@ -290,7 +290,8 @@ class FakeKernel:
         if not raw or len(raw) % size or len(raw) // size > uapi.SCHED_MAX:
             return errno.EINVAL, "vgpu: SCHED must hold 1 to VGPU_SCHED_MAX struct vgpu_sched"
         fields = list(uapi.SCHED.struct.iter_unpack(raw))
-        if any(enable > uapi.SchedState.PREEMPT or (arg and enable != uapi.SchedState.TIMESLICE)
+        takes_arg = (uapi.SchedState.TIMESLICE, uapi.SchedState.INTERLEAVE)
+        if any(enable > uapi.SchedState.INTERLEAVE or (arg and enable not in takes_arg)
                for _c, _h, _o, enable, arg in fields):
             return errno.EINVAL, "vgpu: bad SCHED entry"
         entries = [uapi.Sched(c, h, o, e, a) for c, h, o, e, a in fields]

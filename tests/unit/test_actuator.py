@@ -18,7 +18,13 @@ from tests.support.fakekernel import FAMILY, FakeKernel, make_context
 from vgpud.kernel import channel as ch
 from vgpud.kernel import uapi
 from vgpud.kernel.uapi import Node, Sched, SchedResult, SchedState
-from vgpud.sched.actuator import GroupRef, ModuleActuator, preempt_entries, timeslice_entries
+from vgpud.sched.actuator import (
+    GroupRef,
+    ModuleActuator,
+    level_entries,
+    preempt_entries,
+    timeslice_entries,
+)
 
 NOT_SUPPORTED = 0x56
 A = GroupRef(1, 0xC1, 0xA1)
@@ -50,6 +56,7 @@ def test_entries() -> None:
         Sched(1, 0xC1, 0xA1, SchedState.TIMESLICE, 2048),
         Sched(1, 0xC1, 0xA2, SchedState.TIMESLICE, 1024)]
     assert preempt_entries([B]) == [Sched(1, 0xC1, 0xA2, SchedState.PREEMPT, 0)]
+    assert level_entries([(B, 2)]) == [Sched(1, 0xC1, 0xA2, SchedState.INTERLEAVE, 2)]
     assert Sched(*A, SchedState.TIMESLICE, 7).pack() == uapi.SCHED.struct.pack(
         1, 0xC1, 0xA1, 3, 7)
     for bad in (-1, 1 << 32):
@@ -75,7 +82,7 @@ def test_set_timeslices_and_preempt_reach_the_module() -> None:
 def test_refused_message_gives_no_results() -> None:
     """The module refuses a bad op whole: every entry of the call is None, one error."""
     async def body(act: ModuleActuator, kernel: FakeKernel) -> None:
-        bad = [Sched(*A, SchedState.ON, 5), Sched(*B, 5)]  # an arg ON does not take; no op 5
+        bad = [Sched(*A, SchedState.ON, 5), Sched(*B, 6)]  # an arg ON does not take; no op 6
         for entry in bad:
             assert await act.run([Sched(*A, SchedState.PREEMPT), entry]) == [None, None]
         assert kernel.schedules == []

@@ -315,7 +315,7 @@ def test_schedule_bad_requests(vgpu: Path, owners: list[Owner], sched_trace: Pat
             [(A_SCHED, good + b"\0")],
             [(A_SCHED, good * (SCHED_MAX + 1))],
             [(A_SCHED, good + SCHED.pack(1, 2, 3, 0, 1))],  # reserved
-            [(A_SCHED, good + SCHED.pack(1, 2, 3, 5, 0))],  # enable: no such op (v7: 3, 4 are)
+            [(A_SCHED, good + SCHED.pack(1, 2, 3, 6, 0))],  # enable: no such op (v8: 3 to 5 are)
             [(A_SCHED, good), (A_SCHED_RESULT, b"\0" * 8)],  # a reply's attribute
         ]
         for i, attrs in enumerate(cases):

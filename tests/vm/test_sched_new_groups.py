@@ -147,7 +147,7 @@ def test_an_owner_off_is_not_turned_back_on(ctl: tuple[int, nv.Tree]) -> None:
                             (ctx, tree.client, g2, SCHED_STATE_OFF),
                             (ctx, tree.client, g2, SCHED_STATE_OWNER_OFF)]) == [(0, 0)] * 3
         with pytest.raises(NlError) as err:
-            schedule(g, [(ctx, tree.client, g1, 5)])  # no such op (v7: 3, 4 are)
+            schedule(g, [(ctx, tree.client, g1, 6)])  # no such op (v8: 3 to 5 are)
         assert err.value.errno == errno.EINVAL
     finally:
         g.close()  # dies with g1 off (its record) and g2 off for its owner (none)
