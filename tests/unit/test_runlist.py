@@ -490,6 +490,10 @@ def test_random_event_streams_keep_invariants(data: st.DataObject) -> None:
                 if (tid, g) in levels:  # a priority tenant's groups come up after every other
                     assert levels[(tid, g)] == (LEVEL_HIGH if t.priority else LEVEL_MEDIUM)
         assert all(1 / CFG.max_boost - 1e-9 <= b <= CFG.max_boost for b in p.boosts().values())
+        slices = p.timeslices()
+        for tid in [*known, "nobody"]:  # one tenant's, as the whole table has them
+            assert p.tenant_timeslices(tid) == [us for (t, _), us in sorted(slices.items())
+                                                if t == tid]
 
 
 @settings(max_examples=200, deadline=None)

@@ -339,6 +339,15 @@ class RunlistPlanner:
         """Each known group's timeslice as last sent, in microseconds."""
         return dict(self._slices)
 
+    def tenant_timeslices(self, tenant: str) -> list[int]:
+        """The timeslices last sent to ``tenant``'s groups, in group order (its
+        groups alone: the daemon asks for every tenant once a second)."""
+        t = self._tenants.get(tenant)
+        if t is None:
+            return []
+        return [self._slices[key] for key in ((tenant, g) for g in sorted(t.groups))
+                if key in self._slices]
+
     def levels(self) -> dict[tuple[str, int], int]:
         """Each group's interleave level as last sent (LEVEL_MEDIUM if none was)."""
         return {key: self._levels.get(key, LEVEL_MEDIUM) for key in self._slices}

@@ -291,9 +291,7 @@ class SchedulerService:
         out: dict[int, list[int]] = {}
         for i, gpu in self._gpus.items():
             if isinstance(gpu.core, RunlistPlanner):
-                slices = [us for (t, _), us in sorted(gpu.core.timeslices().items())
-                          if t == tenant]
-                if slices:
+                if slices := gpu.core.tenant_timeslices(tenant):
                     out[i] = slices
         return out
 
