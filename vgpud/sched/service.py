@@ -290,9 +290,9 @@ class SchedulerService:
         group order (runlist mode only)."""
         out: dict[int, list[int]] = {}
         for i, gpu in self._gpus.items():
-            if isinstance(gpu.core, RunlistPlanner):
-                if slices := gpu.core.tenant_timeslices(tenant):
-                    out[i] = slices
+            if isinstance(gpu.core, RunlistPlanner) and (
+                    slices := gpu.core.tenant_timeslices(tenant)):
+                out[i] = slices
         return out
 
     def preemptions(self, tenant: str) -> dict[int, int]:
