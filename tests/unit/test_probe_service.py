@@ -28,6 +28,8 @@ class FakeProbes:
         self.is_stale = False
         self.can_reattach = True
         self.reattached = 0
+        self.maps_made = 0
+        self.new_map_on_reattach = False  # as RemoteProbes after a lost helper
         self.closed = False
         self.fail: str | None = None
         self.drops = 0
@@ -35,6 +37,7 @@ class FakeProbes:
     def load(self) -> list[str]:
         if self.fail:
             raise ProbesUnavailable(self.fail)
+        self.maps_made += 1
         return self.attach_points
 
     def stale(self) -> bool:
@@ -44,6 +47,9 @@ class FakeProbes:
         if self.can_reattach:
             self.is_stale = False
             self.reattached += 1
+            if self.new_map_on_reattach:
+                self.map = {}
+                self.maps_made += 1
         return self.can_reattach
 
     def read(self) -> dict[tuple[int, int, int], list[int]]:
@@ -132,6 +138,40 @@ def test_a_reloaded_module_is_followed() -> None:
         fake.can_reattach = True
         await svc.read()
         assert svc.on and fake.reattached == 1
+        await svc.stop()
+
+    asyncio.run(main())
+
+
+def test_a_new_map_adds_to_what_the_lost_one_counted() -> None:
+    """A lost helper's map goes with it; a live context's counts read from it
+    stay, and the new map's add to them (no more, no fewer)."""
+    def counts(n: int) -> list[int]:
+        return [0] * 10 + [n] + [0] * (LAT_SLOTS - 11) + [100 * n]
+
+    async def main() -> None:
+        fake = FakeProbes(Path())
+        tenants = {1: "a", 2: "b"}
+        svc = service(tenants, fake)
+        await started(svc)
+        fake.map = {(1, LAT_TOTAL, CALL): counts(4), (2, LAT_TOTAL, CALL): counts(1)}
+        await svc.read()
+        fake.is_stale, fake.new_map_on_reattach = True, True
+        await svc.read()  # the new map is empty
+        assert svc.on and fake.maps_made == 2
+        assert svc.latency("a")[("RM_ALLOC:0x40", "total")].total == 4
+        fake.map[(1, LAT_TOTAL, CALL)] = counts(3)
+        await svc.read()
+        assert svc.latency("a")[("RM_ALLOC:0x40", "total")].total == 7
+        assert svc.latency("b")[("RM_ALLOC:0x40", "total")].total == 1
+        del tenants[1]  # a closes: its new counts retire once, beside the old
+        await svc.read()
+        assert fake.map == {}  # a's key deleted from the map once folded
+        assert svc.latency("a")[("RM_ALLOC:0x40", "total")].total == 7
+        fake.is_stale, fake.new_map_on_reattach = True, False  # a module reload: same map
+        await svc.read()
+        assert fake.maps_made == 2
+        assert svc.latency("a")[("RM_ALLOC:0x40", "total")].total == 7
         await svc.stop()
 
     asyncio.run(main())

@@ -57,10 +57,13 @@ class Probes(Protocol):
     """What ProbeService and the vgpud-probes helper use of loaded probes:
     LatencyProbes in this process, or vgpud.probes.remote.RemoteProbes over the
     helper's socket. ``waiting``: why the probes are off after ``reattach``
-    said False."""
+    said False. ``maps_made``: the histogram maps made so far (a load makes
+    one; a reattach keeps it, unless it had to load again: a lost helper's
+    map is gone, and the new one counts from zero)."""
 
     attach_points: list[str]
     waiting: str
+    maps_made: int
 
     def load(self) -> list[str]: ...
     def stale(self) -> bool: ...
@@ -153,6 +156,7 @@ class LatencyProbes:
         self._kprobes: dict[str, tuple[str, int]] = {}  # role -> (symbol, address)
         self.attach_points: list[str] = []
         self.waiting = "waiting for the vgpu tracepoints (module unloaded)"
+        self.maps_made = 0
 
     def load(self) -> list[str]:
         """Compile and attach; the attach points. ProbesUnavailable on failure."""
@@ -175,6 +179,7 @@ class LatencyProbes:
         self._attach_kprobes()
         self.attach_points = [f"tracepoint {tp}" for tp in self._tracepoints] + [
             f"kprobe {sym} ({role})" for role, (sym, _) in self._kprobes.items()]
+        self.maps_made += 1
         return self.attach_points
 
     def _attach_kprobes(self) -> None:

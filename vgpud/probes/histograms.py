@@ -158,6 +158,16 @@ class LatencyBook:
         self._live = live
         return delete
 
+    def new_map(self) -> None:
+        """The map was made anew (a lost helper's replaced): what the live
+        contexts counted in the old one is kept as if they had closed, and the
+        new map's counts add to it."""
+        for key, c in self._live.items():
+            tenant = self._tenants.get(key[0])
+            if tenant is not None:
+                _add(self._retired.setdefault(tenant, {}), key, c)
+        self._live = {}
+
     def _classify(self, ctx: int, tenant_of: Callable[[int], str | None],
                   closed_tenant: Callable[[int], str | None], retire: set[int]) -> str | None:
         """The context's tenant (its counts retire if it has closed), or None while

@@ -5,9 +5,10 @@ needs no CAP_BPF or CAP_PERFMON. One connection per load; the helper
 detaches the probes when it closes. Blocking, like LatencyProbes (ProbeService
 calls it in worker threads); a lock keeps one request in flight. When the
 connection is lost (the helper was restarted or killed) ``stale`` says so and
-``reattach`` connects and loads again: the helper's new map starts from zero,
-so live contexts' counts since their open are lost (closed ones were folded
-already).
+``reattach`` connects and loads again: the helper's new map starts from zero
+(``maps_made`` counts up), so ProbeService keeps what the live contexts had
+counted in the old one (LatencyBook.new_map) and adds the new map's counts.
+What they counted between the old map's last read and its loss is lost.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class RemoteProbes:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.attach_points: list[str] = []
+        self.maps_made = 0
         self.waiting = "waiting for the vgpu tracepoints (module unloaded)"
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
@@ -111,6 +113,7 @@ class RemoteProbes:
                 self._drop()
             raise ProbesUnavailable(str(exc)) from exc
         self.attach_points = list(points)
+        self.maps_made += 1
         return self.attach_points
 
     def stale(self) -> bool:

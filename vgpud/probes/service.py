@@ -118,11 +118,14 @@ class ProbeService:
         if probes is None:
             return
         if await asyncio.to_thread(probes.stale):
+            made = probes.maps_made
             if not await asyncio.to_thread(probes.reattach):
                 if self.status != f"off: {probes.waiting}":
                     self.status = f"off: {probes.waiting}"
                     log.warning("latency probes: %s", self.status)
                 return
+            if probes.maps_made != made:  # a new helper's: it counts from zero
+                self.book.new_map()
             self.status = "on: " + ", ".join(probes.attach_points)
             log.info("latency probes attached again: %s", ", ".join(probes.attach_points))
         counts = await asyncio.to_thread(probes.read)
