@@ -37,7 +37,11 @@
  * not running (ready: the time the engine's round robin kept it waiting).
  * A group given work when it had none notes the time; its first engine
  * time after that adds the submit-to-run latency to wake_sum_ns, wake_n
- * and wake_max_ns.  Readers charge too, so counters are exact at the
+ * and wake_max_ns.  Each engine also counts its kthread's timer wake-ups
+ * and how late each ran after its deadline (timer_wakes, late_sum_ns,
+ * late_max_ns, late_1ms): the host's timer and scheduling latency, which
+ * delays whoever waits for a slice to end (the wake latencies' tail in a
+ * TCG guest).  Readers charge too, so counters are exact at the
  * moment they are read, and per engine busy + idle + switch is the time
  * since load.  A slice that overruns its end (timer latency, a stalled
  * CPU) is charged in full and the overrun is owed: it shortens the group's
@@ -127,6 +131,15 @@ struct nvsim_engine {
 	u64 preempts;
 	u64 high_block;			/* HIGH block now due or running */
 	u32 mediums_run;		/* MEDIUM slices since the last LOW one */
+	/*
+	 * The kthread's timer wake-ups, and how late it ran after each
+	 * deadline (timer and scheduling latency of the host: a slice that
+	 * ends late delays the group waiting for it by as much).
+	 */
+	u64 timer_wakes;
+	u64 late_sum_ns;
+	u64 late_max_ns;
+	u64 late_1ms;			/* wake-ups more than 1 ms late */
 };
 
 static struct nvsim_engine nvsim_engines[NVSIM_MAX_GPUS];
@@ -325,19 +338,37 @@ static void nvsim_engine_resched(struct nvsim_engine *eng)
 		nvsim_engine_kick(eng);
 }
 
-/* Sleeps until @until (NULL: no limit), a kick or kthread_stop(). */
-static void nvsim_engine_sleep(struct nvsim_engine *eng, ktime_t *until)
+/*
+ * Sleeps until @until (NULL: no limit), a kick or kthread_stop().  Returns
+ * how late the kthread ran after @until when its timer woke it, else -1.
+ */
+static s64 nvsim_engine_sleep(struct nvsim_engine *eng, ktime_t *until)
 {
+	s64 late = -1;
+
 	for (;;) {
 		set_current_state(TASK_INTERRUPTIBLE);
 		if (READ_ONCE(eng->kick) || kthread_should_stop())
 			break;
-		if (!until)
+		if (!until) {
 			schedule();
-		else if (!schedule_hrtimeout_range(until, 0, HRTIMER_MODE_ABS))
+		} else if (!schedule_hrtimeout_range(until, 0, HRTIMER_MODE_ABS)) {
+			late = ktime_to_ns(ktime_sub(ktime_get(), *until));
 			break;
+		}
 	}
 	__set_current_state(TASK_RUNNING);
+	return late;
+}
+
+/* eng->lock. */
+static void nvsim_engine_note_late(struct nvsim_engine *eng, s64 late)
+{
+	eng->timer_wakes++;
+	eng->late_sum_ns += late;
+	eng->late_max_ns = max_t(u64, eng->late_max_ns, late);
+	if (late > NSEC_PER_MSEC)
+		eng->late_1ms++;
 }
 
 static int nvsim_engine_thread(void *data)
@@ -345,14 +376,17 @@ static int nvsim_engine_thread(void *data)
 	struct nvsim_engine *eng = data;
 	struct nvsim_group *g;
 	ktime_t until;
+	s64 late = -1;
 
 	while (!kthread_should_stop()) {
 		spin_lock(&eng->lock);
+		if (late >= 0)
+			nvsim_engine_note_late(eng, late);
 		nvsim_engine_charge(eng);
 		WRITE_ONCE(eng->kick, false);
 		g = nvsim_engine_pick(eng, &until);
 		spin_unlock(&eng->lock);
-		nvsim_engine_sleep(eng, until != KTIME_MAX ? &until : NULL);
+		late = nvsim_engine_sleep(eng, until != KTIME_MAX ? &until : NULL);
 	}
 	return 0;
 }
@@ -560,15 +594,16 @@ static int nvsim_engines_show(struct seq_file *m, void *v)
 {
 	unsigned int i;
 
-	seq_puts(m, "gpu busy_ns idle_ns switches switch_ns preempts\n");
+	seq_puts(m, "gpu busy_ns idle_ns switches switch_ns preempts timer_wakes late_sum_ns late_max_ns late_1ms\n");
 	for (i = 0; i < nvsim_ngpus; i++) {
 		struct nvsim_engine *eng = &nvsim_engines[i];
 
 		spin_lock(&eng->lock);
 		nvsim_engine_charge(eng);
-		seq_printf(m, "%u %llu %llu %llu %llu %llu\n", i, eng->busy_ns,
-			   eng->idle_ns, eng->switches, eng->switch_ns,
-			   eng->preempts);
+		seq_printf(m, "%u %llu %llu %llu %llu %llu %llu %llu %llu %llu\n",
+			   i, eng->busy_ns, eng->idle_ns, eng->switches,
+			   eng->switch_ns, eng->preempts, eng->timer_wakes,
+			   eng->late_sum_ns, eng->late_max_ns, eng->late_1ms);
 		spin_unlock(&eng->lock);
 	}
 	return 0;

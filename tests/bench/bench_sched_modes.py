@@ -18,7 +18,10 @@ tenth (SIGHUP reload), the TIMESLICE entries the module applied in the next
 2 s (the vgpu_schedule tracepoint, enable=3);
 then priority: the idle tenant made priority (reload), it wakes --wakes times
 (1 ms of work, each 40 ms after the last ran dry): submit-to-run p50 / p99
-from nvsim's wake counters (wake_sum_ns per wake), and the daemon CPU per
+from nvsim's wake counters (wake_sum_ns per wake), how late nvsim's engine
+thread ran after its slice timers (mean and share over 1 ms meanwhile, max
+since nvsim was loaded: the guest's timer latency, which a wake waits for
+too), and the daemon CPU per
 second meanwhile
 (its activity source polls every 20 ms once a tenant is priority), and the
 PREEMPTs nvsim's engine took meanwhile.
@@ -136,6 +139,7 @@ def run(mode: str, weights: list[int], seconds: float, warmup: float,
     used = [b - a for a, b in zip(b0, b1, strict=True)]
     error = max(abs(u / sum(used) - w / sum(weights)) for u, w in zip(used, weights,
                                                                        strict=True))
+    wakeups = e3.timer_wakes - e2.timer_wakes
     lost = (e1.idle_ns - e0.idle_ns) + (e1.switch_ns - e0.switch_ns)
     elapsed = lost + e1.busy_ns - e0.busy_ns
     return {
@@ -148,6 +152,9 @@ def run(mode: str, weights: list[int], seconds: float, warmup: float,
         "wake_p99": pct(latencies, 0.99),
         "prio_cpu_ms_s": 1000 * (c3 - c2) / (t3 - t2),
         "preempts": e3.preempts - e2.preempts,
+        "late_mean": (e3.late_sum_ns - e2.late_sum_ns) / 1000 / max(1, wakeups),
+        "late_max": e3.late_max_ns / 1000,
+        "late_1ms": (e3.late_1ms - e2.late_1ms) / max(1, wakeups),
     }
 
 
@@ -167,7 +174,7 @@ def main() -> None:
               f"{args.wakes} priority wakes 40 ms after the last ran dry")
         print(f"{'mode':>7} {'tenants':>7} {'share err pp':>12} {'switch loss':>11} "
               f"{'CPU ms/s':>8} {'TIMESLICE/change':>16} {'wake p50/p99 us':>17} "
-              f"{'CPU ms/s (prio)':>15} {'PREEMPTs':>8}")
+              f"{'CPU ms/s (prio)':>15} {'PREEMPTs':>8} {'timer late mean/max us, >1ms':>29}")
         for n in (int(x) for x in args.tenants.split(",")):
             rng = random.Random(1)
             weights = [rng.randint(1, 1000) for _ in range(n)]
@@ -176,7 +183,9 @@ def main() -> None:
                 print(f"{mode:>7} {n:>7} {r['share_err_pp']:>12.2f} {r['loss']:>11.2%} "
                       f"{r['cpu_ms_s']:>8.1f} {r['timeslices']:>16.0f} "
                       f"{r['wake_p50']:>8.0f}/{r['wake_p99']:>8.0f} "
-                      f"{r['prio_cpu_ms_s']:>15.1f} {r['preempts']:>8.0f}", flush=True)
+                      f"{r['prio_cpu_ms_s']:>15.1f} {r['preempts']:>8.0f} "
+                      f"{r['late_mean']:>9.0f}/{r['late_max']:>8.0f}, {r['late_1ms']:>8.2%}",
+                      flush=True)
     finally:
         sh("rmmod", "vgpu")
         sh("rmmod", "nvsim")

@@ -573,7 +573,8 @@ PROC_GROUPS = "/proc/driver/nvsim/groups"
 PROC_ENGINES = "/proc/driver/nvsim/engines"
 PROC_GROUPS_HEADER = ("gpu client group tgid enabled timeslice_us pending_ns busy_ns wait_ns"
                       " preempts ready_ns wake_sum_ns wake_n wake_max_ns level")
-PROC_ENGINES_HEADER = "gpu busy_ns idle_ns switches switch_ns preempts"
+PROC_ENGINES_HEADER = ("gpu busy_ns idle_ns switches switch_ns preempts timer_wakes late_sum_ns"
+                       " late_max_ns late_1ms")
 
 
 @dataclass(frozen=True)
@@ -611,6 +612,10 @@ class ProcEngine:
     switches: int
     switch_ns: int = 0  # PREEMPT context switches (nothing runs)
     preempts: int = 0
+    timer_wakes: int = 0  # the engine thread woken by its slice timer
+    late_sum_ns: int = 0  # how late it ran after those deadlines
+    late_max_ns: int = 0
+    late_1ms: int = 0  # wake-ups more than 1 ms late
 
 
 def alloc_channel_group(ctl: int, hclient: int, hdevice: int, handle: int = 0, **kw) -> int:

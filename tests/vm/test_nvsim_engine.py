@@ -388,6 +388,11 @@ def test_proc_views(ctl):
     a = new_group(ctl, 1)
     a.submit(20 * MS)
     wait_until(lambda: a.stats().pending_ns == 0)
+    # The engine's timer woke its thread at the end of a's work (and of each
+    # slice before it); the lateness counters add up.
+    e = nv.proc_engines()[1]
+    assert e.timer_wakes >= 1 and e.late_1ms <= e.timer_wakes
+    assert 0 <= e.late_sum_ns <= e.timer_wakes * e.late_max_ns
     b = new_group(ctl, 0)
     b.enable(False)
     b.timeslice(3000)
