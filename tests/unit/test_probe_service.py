@@ -217,3 +217,25 @@ def test_effective_caps(tmp_path: Path) -> None:
 
 def test_the_source_is_found_in_the_checkout() -> None:
     assert bcc_probes.find_source().name == "vgpu_latency.bpf.c"
+
+
+def test_kprobe_targets_come_from_tracefs_with_their_modules(tmp_path: Path) -> None:
+    """The handlers and their modules from available_filter_functions (the
+    helper's sandbox hides /proc/kallsyms); absent names are left out."""
+    functions = tmp_path / "available_filter_functions"
+    functions.write_bytes(b"do_sys_open\nnvsim_ioctl [nvsim]\nvgpu_nl_schedule [vgpu]\n"
+                          b"vgpu_nl_scheduler_x [vgpu]\n\n")
+    assert bcc_probes.kprobe_modules(["nvsim_ioctl", "vgpu_nl_schedule", "do_sys_open",
+                                      "nvidia_unlocked_ioctl"], functions) == {
+        "nvsim_ioctl": "nvsim", "vgpu_nl_schedule": "vgpu", "do_sys_open": ""}
+    assert bcc_probes.kprobe_modules(["nvsim_ioctl"], tmp_path / "absent") == {}
+
+
+def test_a_module_load_id_is_its_sysfs_directorys_inode(tmp_path: Path) -> None:
+    """(kernfs gives a reloaded module's directory a new inode: the VM tests.)"""
+    (tmp_path / "nvsim").mkdir()
+    first = bcc_probes.module_load_id("nvsim", tmp_path)
+    assert first == (tmp_path / "nvsim").stat().st_ino
+    assert bcc_probes.module_load_id("", tmp_path) == 0  # built in: never reloaded
+    (tmp_path / "nvsim").rmdir()
+    assert bcc_probes.module_load_id("nvsim", tmp_path) is None

@@ -26,12 +26,30 @@ import pytest
 
 from tests.support import nvclient as nv
 from tests.support.bus import PrivateBus
-from tests.support.guest import NVSIM_DIR, ROOT, remove_cgroup, set_param, wait_for
+from tests.support.guest import (
+    NVSIM_DIR,
+    ROOT,
+    VGPU_DIR,
+    VGPU_KO,
+    VGPU_OVER_NVSIM,
+    insmod,
+    remove_cgroup,
+    rmmod,
+    set_param,
+    wait_for,
+    wait_path,
+)
 from tests.support.hostile import TENANT_UID, spawn_tenant
 from tests.support.sched import TRACEFS
 from tests.support.tdma import CGROOT, Tenants, config_text
 from tests.support.vgpud_proc import Daemon
 from vgpud.nvidia.escapes import Ctrl, Escape
+from vgpud.probes.bcc_probes import (
+    BACKING_HANDLERS,
+    SCHEDULE_HANDLER,
+    kprobe_modules,
+    module_load_id,
+)
 from vgpud.probes.histograms import slot_bounds
 
 pytestmark = pytest.mark.vm
@@ -414,3 +432,21 @@ def test_a_tenant_cannot_fill_the_map_with_numbers_it_picks(probe_daemon: Daemon
     assert sum(mine) == n
     assert len({k for k, _ in kinds}) <= 4, kinds  # OTHER, and the OPEN upcall
     assert sum(theirs) == fb
+
+
+def test_a_probed_modules_reload_is_told_by_its_load_id(vgpu: Path) -> None:
+    """How the probes find their kprobes' targets and tell that one was
+    reloaded (to attach again) without /proc/kallsyms, which the helper's
+    sandbox hides: each handler's module from tracefs's traceable functions,
+    and the inode of that module's sysfs directory, new at each load."""
+    if not (TRACEFS / "events").exists():
+        subprocess.run(["mount", "-t", "tracefs", "nodev", str(TRACEFS)], check=False)
+    assert kprobe_modules([*BACKING_HANDLERS, SCHEDULE_HANDLER]) == {
+        "nvsim_ioctl": "nvsim", SCHEDULE_HANDLER: "vgpu"}
+    before = module_load_id("vgpu")
+    assert before is not None and module_load_id("nvsim") is not None
+    assert rmmod("vgpu").returncode == 0
+    assert module_load_id("vgpu") is None
+    insmod(VGPU_KO, *VGPU_OVER_NVSIM, "upcall_timeout_ms=2000")
+    wait_path(VGPU_DIR / "nvidiactl")
+    assert module_load_id("vgpu") not in (before, None)

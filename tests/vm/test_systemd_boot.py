@@ -29,6 +29,7 @@ import pytest
 from tests.support import nvclient as nv
 from tests.support import tenant_workload
 from tests.support.guest import NVSIM_DIR, NVSIM_KO, ROOT, insmod, loaded, rmmod, wait_path
+from tests.support.sched import TRACEFS
 from tests.support.sysimage import (
     VGPUCTL,
     add_user,
@@ -42,6 +43,8 @@ from tests.support.sysimage import (
     wait_restarted,
     wait_until,
 )
+from tests.vm.test_probes import FB_KIND
+from tests.vm.test_probes_helper import Caller
 
 pytestmark = [
     pytest.mark.vm,
@@ -92,9 +95,13 @@ def system(request: pytest.FixtureRequest) -> Iterator[None]:
     if request.session.testsfailed:  # what CI's log needs to tell why
         print(sh("systemctl", "status", "--no-pager", "--full", "--lines=0", "vgpud",
                  check=False).stdout)
-        for unit in ("vgpud.service", "vgpud-fsmount@*.service"):
+        for unit in ("vgpud.service", "vgpud-fsmount@*.service", "vgpud-probes.service"):
             print(f"\n--- journal of {unit} ---\n" + "\n".join(journal(unit)[-150:]))
     sh("systemctl", "stop", "vgpud", check=False)
+    # The stop waits (5 s at most) for vgpud-probes to detach the programs
+    # that pin vgpu; a loaded TCG guest may take longer.
+    wait_until(lambda: Path("/sys/module/vgpu/refcnt").read_text().strip() == "0",
+               "vgpu no longer pinned", timeout=60)
     for module in ("vgpu", "nvsim"):
         assert rmmod(module).returncode == 0, f"rmmod {module}"
 
@@ -288,6 +295,36 @@ def test_metrics_are_served_from_inside_the_sandbox(started: float) -> None:
     finally:
         holder.release()
     wait_until(lambda: scrape_metric(used_0) == 0, "the release scraped")
+
+
+def latency(tenant: str) -> dict[tuple[str, str], list[int]]:
+    rows = json.loads(vgpuctl("latency", "--tenant", tenant, "--by-kind", "--json").stdout)
+    return {(r["kind"], r["histogram"]): r["counts"] for r in rows.get(tenant, [])}
+
+
+def test_the_probes_are_loaded_by_their_helper(started: float) -> None:
+    """[probes] as shipped: vgpud, which has neither CAP_BPF nor CAP_PERFMON,
+    had the socket-activated vgpud-probes.service compile the programs with bcc
+    against the installed headers and attach them, inside that unit's sandbox,
+    after the restarts above; a tenant's calls are counted there exactly."""
+    assert (TRACEFS / "events" / "vgpu").is_dir()  # systemd mounted tracefs
+
+    def status() -> str:
+        return str(json.loads(vgpuctl("status", "--json").stdout)["probes"])
+
+    wait_until(lambda: status().startswith("on: "), "the probes attached", timeout=600)
+    print(f"\n{status()}")
+    assert any("Started" in line for line in journal("vgpud-probes.service"))
+    n = 19
+    caller = Caller(TENANT_UID)
+    try:
+        caller.calls(n)
+        wait_until(lambda: sum(latency("a").get((FB_KIND, "driver"), [])) >= n, "counted")
+        time.sleep(2)  # later reads add nothing
+        counts = latency("a")
+    finally:
+        caller.close()
+    assert sum(counts[(FB_KIND, "total")]) == sum(counts[(FB_KIND, "driver")]) == n, counts
 
 
 def test_the_loaded_unit_scores_within_bound(started: float) -> None:

@@ -140,6 +140,38 @@ def _tracepoint_id(name: str) -> int | None:
         return None
 
 
+def kprobe_modules(wanted: Iterable[str],
+                   path: Path = TRACEFS / "available_filter_functions") -> dict[str, str]:
+    """Those of ``wanted`` the kernel can probe now, each with its module ("":
+    built in), from tracefs's list of traceable functions ("name [module]").
+    Not /proc/kallsyms: vgpud-probes.service's sandbox hides it
+    (ProtectKernelTunables=yes)."""
+    want = {name.encode() for name in wanted}
+    found: dict[str, str] = {}
+    try:
+        with open(path, "rb") as functions:
+            for line in functions:
+                fields = line.split()
+                if fields and fields[0] in want:
+                    module = fields[1].strip(b"[]") if len(fields) > 1 else b""
+                    found[fields[0].decode()] = module.decode()
+    except OSError as exc:
+        log.warning("cannot read %s: %s", path, exc)
+    return found
+
+
+def module_load_id(module: str, sysmodule: Path = Path("/sys/module")) -> int | None:
+    """A number that changes each time ``module`` is loaded (the inode of its
+    sysfs directory: kernfs never reuses one soon); 0 for the kernel itself
+    (""), None while the module is not loaded."""
+    if not module:
+        return 0
+    try:
+        return os.stat(sysmodule / module).st_ino
+    except OSError:
+        return None
+
+
 def _fn(tracepoint: str) -> str:
     """The function bcc's TRACEPOINT_PROBE(system, event) defines."""
     return "tracepoint__" + tracepoint.replace(":", "__")
@@ -153,7 +185,8 @@ class LatencyProbes:
         self._bpf: Any = None
         self._tracepoints: tuple[str, ...] = TRACEPOINTS
         self._tp_ids: dict[str, int | None] = {}
-        self._kprobes: dict[str, tuple[str, int]] = {}  # role -> (symbol, address)
+        # role -> (symbol, its module, module_load_id at the attach)
+        self._kprobes: dict[str, tuple[str, str, int | None]] = {}
         self.attach_points: list[str] = []
         self.waiting = "waiting for the vgpu tracepoints (module unloaded)"
         self.maps_made = 0
@@ -178,39 +211,35 @@ class LatencyProbes:
         self._tp_ids = {tp: _tracepoint_id(tp) for tp in self._tracepoints}
         self._attach_kprobes()
         self.attach_points = [f"tracepoint {tp}" for tp in self._tracepoints] + [
-            f"kprobe {sym} ({role})" for role, (sym, _) in self._kprobes.items()]
+            f"kprobe {sym} ({role})" for role, (sym, _, _) in self._kprobes.items()]
         self.maps_made += 1
         return self.attach_points
 
     def _attach_kprobes(self) -> None:
-        from bcc import BPF
-
         self._kprobes = {}
-        backing = [s for s in BACKING_HANDLERS if BPF.ksymname(s) != -1]
+        where = kprobe_modules([*BACKING_HANDLERS, SCHEDULE_HANDLER])
+        backing = [s for s in BACKING_HANDLERS if s in where]
         if not backing:
             log.warning("no backing driver handler to probe (%s): driver time is off",
                         ", ".join(BACKING_HANDLERS))
         for i, sym in enumerate(backing):
-            self._kprobe(f"driver{i}", sym, "driver_enter", "driver_return")
-        if BPF.ksymname(SCHEDULE_HANDLER) != -1:
-            self._kprobe("schedule", SCHEDULE_HANDLER, "schedule_enter", "schedule_return")
+            self._kprobe(f"driver{i}", sym, where[sym], "driver_enter", "driver_return")
+        if SCHEDULE_HANDLER in where:
+            self._kprobe("schedule", SCHEDULE_HANDLER, where[SCHEDULE_HANDLER],
+                         "schedule_enter", "schedule_return")
         else:
             log.warning("no %s to probe: switch latency is off", SCHEDULE_HANDLER)
 
-    def _kprobe(self, role: str, sym: str, enter: str, ret: str) -> None:
-        from bcc import BPF
-
+    def _kprobe(self, role: str, sym: str, module: str, enter: str, ret: str) -> None:
         self._bpf.attach_kprobe(event=sym, fn_name=enter)
         self._bpf.attach_kretprobe(event=sym, fn_name=ret)
-        self._kprobes[role] = (sym, BPF.ksymname(sym))
+        self._kprobes[role] = (sym, module, module_load_id(module))
 
     def stale(self) -> bool:
         """The vgpu module or a probed driver was reloaded since the attach."""
-        from bcc import BPF
-
         if any(_tracepoint_id(tp) != i for tp, i in self._tp_ids.items()):
             return True
-        return any(BPF.ksymname(sym) != addr for sym, addr in self._kprobes.values())
+        return any(module_load_id(module) != loaded for _, module, loaded in self._kprobes.values())
 
     def reattach(self) -> bool:
         """Attach again after a reload; False while the tracepoints are absent."""
@@ -229,7 +258,7 @@ class LatencyProbes:
                 self._bpf.detach_tracepoint(tp)
             except Exception:  # not attached (the module went away first)
                 log.debug("tracepoint %s was not attached", tp)
-        for sym, _ in self._kprobes.values():
+        for sym, _, _ in self._kprobes.values():
             for detach in (self._bpf.detach_kprobe, self._bpf.detach_kretprobe):
                 try:
                     detach(event=sym)
