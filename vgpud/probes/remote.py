@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -41,6 +42,9 @@ CONNECT_TIMEOUT_S = 5.0
 # A LOAD compiles (seconds; 15-20 s in a TCG guest, more when loaded).
 LOAD_TIMEOUT_S = 600.0
 CALL_TIMEOUT_S = 60.0
+# A stop waits this long for the helper to detach (vgpud.service's
+# TimeoutStopSec is 15 s for the whole stop).
+CLOSE_WAIT_S = 5.0
 
 
 class HelperError(Exception):
@@ -160,13 +164,35 @@ class RemoteProbes:
         return value
 
     def close(self) -> None:
-        """Disconnect (the helper detaches); a request in flight fails at once."""
+        """Disconnect. With no request in flight, wait up to CLOSE_WAIT_S for the
+        helper to detach (it closes its end once it has), so that when a
+        daemon's stop returns its probes no longer pin the vgpu module; a
+        request in flight (a LOAD that never ends) fails at once instead."""
+        if self._lock.acquire(blocking=False):
+            try:
+                if self._sock is not None:
+                    _wait_detached(self._sock)
+                self._drop()
+            finally:
+                self._lock.release()
+            return
         sock = self._sock
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
         with self._lock:
             self._drop()
+
+
+def _wait_detached(sock: socket.socket) -> None:
+    """Send end of stream; wait (up to CLOSE_WAIT_S) for the helper's."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_WR)
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            if not sock.recv(1 << 16):
+                return
 
 
 def _points(reply: Reply) -> tuple[bool, list[str]]:
