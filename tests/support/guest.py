@@ -53,6 +53,13 @@ def wait_path(path: Path, timeout: float = 5.0) -> None:
         time.sleep(0.01)
 
 
+def insmod_vgpu() -> None:
+    """vgpu over nvsim, as the VM tests load it (a short upcall timeout keeps
+    failure tests fast); returns once its nodes are there."""
+    insmod(VGPU_KO, *VGPU_OVER_NVSIM, "upcall_timeout_ms=2000")
+    wait_path(VGPU_DIR / "nvidiactl")
+
+
 def remove_cgroup(path: Path, timeout: float = 10.0) -> None:
     """Kill what is left in it, then rmdir once the killed have been reaped."""
     (path / "cgroup.kill").write_text("1")

@@ -19,16 +19,13 @@ from tests.support import responder
 from tests.support.guest import (
     NVSIM_DIR,
     VGPU_DIR,
-    VGPU_KO,
-    VGPU_OVER_NVSIM,
     Env,
     in_guest,
-    insmod,
+    insmod_vgpu,
     loaded,
     nvsim_loaded,
     rmmod,
     set_param,
-    wait_path,
 )
 from tests.support.nvsim import Fds, Nvsim, nvsim_module
 from tests.support.responder import Responder
@@ -81,10 +78,9 @@ def nvsim() -> Iterator[Path]:
 
 @pytest.fixture
 def vgpu(nvsim: Path) -> Iterator[Path]:
-    """vgpu over nvsim; a short upcall timeout keeps failure tests fast."""
+    """vgpu over nvsim (insmod_vgpu)."""
     assert nvsim == NVSIM_DIR
-    insmod(VGPU_KO, *VGPU_OVER_NVSIM, "upcall_timeout_ms=2000")
-    wait_path(VGPU_DIR / "nvidiactl")
+    insmod_vgpu()
     yield VGPU_DIR
     res = rmmod("vgpu")
     assert res.returncode == 0, f"rmmod vgpu (something still open?): {res.stderr}"

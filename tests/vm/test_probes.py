@@ -29,15 +29,11 @@ from tests.support.bus import PrivateBus
 from tests.support.guest import (
     NVSIM_DIR,
     ROOT,
-    VGPU_DIR,
-    VGPU_KO,
-    VGPU_OVER_NVSIM,
-    insmod,
+    insmod_vgpu,
     remove_cgroup,
     rmmod,
     set_param,
     wait_for,
-    wait_path,
 )
 from tests.support.hostile import TENANT_UID, spawn_tenant
 from tests.support.sched import TRACEFS
@@ -460,6 +456,5 @@ def test_a_probed_modules_reload_is_told_by_its_load_id(vgpu: Path) -> None:
     assert before is not None and module_load_id("nvsim") is not None
     assert rmmod("vgpu").returncode == 0
     assert module_load_id("vgpu") is None
-    insmod(VGPU_KO, *VGPU_OVER_NVSIM, "upcall_timeout_ms=2000")
-    wait_path(VGPU_DIR / "nvidiactl")
+    insmod_vgpu()
     assert module_load_id("vgpu") not in (before, None)
