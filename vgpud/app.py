@@ -95,13 +95,14 @@ class Subscriptions:
 
 def build_quota(config_path: Path | None = None, dbus: str = "try",
                 inventory: Callable[[], list[GpuInfo]] = discover, *, probes: bool = True,
-                fs: bool = True,
-                probes_helper: Path | None = None) -> tuple[SchedPolicy, App]:
+                fs: bool = True, probes_helper: Path | None = None,
+                metrics_helper: Path | None = None) -> tuple[SchedPolicy, App]:
     """The quota daemon's policy and the App around it (see the module doc);
     StartupError on a bad config or state file. ``probes`` False: no latency
     probes, whatever the config says (--no-probes); ``fs`` False: no file
     view (--no-fs); ``probes_helper``: load them in vgpud-probes over this
-    socket, whatever the config says (--probes-helper)."""
+    socket, whatever the config says (--probes-helper); ``metrics_helper``:
+    serve the metrics from vgpud-metrics on this socket (--metrics-helper)."""
     config_path = config_path or DEFAULT_CONFIG_PATH
     try:
         config = load_config(config_path)
@@ -131,6 +132,7 @@ def build_quota(config_path: Path | None = None, dbus: str = "try",
     app = App(manager, quota, tracker, scheduler, journal=journal, dbus=dbus, cgroups=cgroups,
               probes=probe_service)
     app.fs_wanted = fs and config.fs.enabled
+    app.metrics_helper = metrics_helper or config.metrics.helper
     app.inventory = tuple(gpus)
     if config.cdi.enabled:
         try:
@@ -181,6 +183,7 @@ class App:
         self.service: AdminService | None = None
         self.metrics: MetricsService | None = None  # started with the channel
         self.denied: DeniedCounts | None = None  # made when [metrics] is enabled
+        self.metrics_helper: Path | None = None  # vgpud-metrics' socket; None: a child
         # The CDI spec's keeper: started with the admin API, which its hook calls.
         self.cdi: SpecKeeper | None = None
         # The file view (vgpud.fsview): mounted with the channel, unless --no-fs.
@@ -263,7 +266,8 @@ class App:
         source = snapshot_source(self.manager, self.quota.ledger, self.scheduler, dispatcher,
                                  channel.stats, self.denied, uuids)
         listen = self.manager.config.metrics.listen
-        metrics = MetricsService(*parse_listen(listen), source, channel.get_counters)
+        metrics = MetricsService(*parse_listen(listen), source, channel.get_counters,
+                                 helper=self.metrics_helper)
         if metrics.start():
             self.metrics = metrics
 

@@ -231,13 +231,17 @@ class Daemon:
 @click.option("--probes-helper", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="Load the latency probes in vgpud-probes over this socket "
               "(no CAP_BPF needed here), whatever the config says.")
+@click.option("--metrics-helper", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Serve the metrics ([metrics] enabled) from vgpud-metrics "
+              "over this socket instead of a child process, whatever the config says.")
 @click.option("--no-fs", is_flag=True,
               help="Do not mount the file view (quota policy), whatever the config says.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
 def main(config_path: Path | None, policy_spec: str | None, filter_specs: tuple[str, ...],
          on_error: str, no_dbus: bool, require_dbus: bool, no_probes: bool,
-         no_fs: bool, log_level: str, probes_helper: Path | None) -> None:
+         no_fs: bool, log_level: str, probes_helper: Path | None,
+         metrics_helper: Path | None) -> None:
     """The vgpud daemon: answers the vgpu kernel module's upcalls."""
     # Refusals are logged one by one: bounded per kind and tenant (lograte).
     handler = logging.StreamHandler(sys.stderr)
@@ -260,7 +264,8 @@ def main(config_path: Path | None, policy_spec: str | None, filter_specs: tuple[
             dbus = "off" if no_dbus else "require" if require_dbus else "try"
             try:
                 policy, app = build_quota(config_path, dbus, probes=not no_probes,
-                                          fs=not no_fs, probes_helper=probes_helper)
+                                          fs=not no_fs, probes_helper=probes_helper,
+                                          metrics_helper=metrics_helper)
             except StartupError as exc:
                 log.error("%s", exc)
                 sys.exit(EX_CONFIG)

@@ -31,7 +31,7 @@ from vgpud.host.systemd import Notifier
 from vgpud.kernel.channel import ChannelError
 from vgpud.kernel.uapi import Stats, Stats4, UpcallKind, VerdictAction
 from vgpud.metrics import wire
-from vgpud.metrics.exporter import Exporter
+from vgpud.metrics.exporter import NICE, Exporter
 from vgpud.metrics.service import MetricsService
 from vgpud.metrics.snapshot import Snapshot, collect
 from vgpud.nvidia import layouts as L
@@ -78,7 +78,8 @@ class Figures:
 def test_serves_the_latest_snapshot_from_a_child_process(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The exporter is a child of ours, serving on the port we bound, without
-    systemd's notify socket; stop() ends and reaps it and closes the port."""
+    systemd's notify socket, at a lower priority (NICE) than ours; stop()
+    ends and reaps it and closes the port."""
     monkeypatch.setenv("NOTIFY_SOCKET", "/run/nowhere")
     figures = Figures()
     answers: list[object] = [(make_stats(opens=3), make_stats4()), ChannelError("gone")]
@@ -100,6 +101,7 @@ def test_serves_the_latest_snapshot_from_a_child_process(
             assert pid != os.getpid() and parent_of(pid) == os.getpid()
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             assert not [v for v in environ if v.startswith(b"NOTIFY_SOCKET=")]
+            await wait_nice(pid, os.getpriority(os.PRIO_PROCESS, 0) + NICE)
             await asyncio.sleep(0)  # the refresh task's first round
             figures.used = 4096
             status, first = await asyncio.to_thread(get, url)
@@ -120,6 +122,14 @@ def test_serves_the_latest_snapshot_from_a_child_process(
                                      timeout=1)
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+async def wait_nice(pid: int, want: int) -> None:
+    """Until the child has lowered its priority to ``want`` (it does so first)."""
+    deadline = time.monotonic() + 20
+    while os.getpriority(os.PRIO_PROCESS, pid) != want:
+        assert time.monotonic() < deadline, os.getpriority(os.PRIO_PROCESS, pid)
+        await asyncio.sleep(0.02)
 
 
 def parent_of(pid: int) -> int:

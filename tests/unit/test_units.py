@@ -112,8 +112,27 @@ def test_probes_helper_within_bound_and_alone_with_cap_bpf(tmp_path: Path) -> No
     assert unit_values("vgpud.service", "CapabilityBoundingSet") == [
         "CAP_NET_ADMIN CAP_SYS_NICE"]
     assert unit_values("vgpud-probes.service", "CapabilityBoundingSet") == [
-        "CAP_BPF CAP_PERFMON CAP_SYSLOG CAP_SYS_ADMIN"]
+        "CAP_BPF CAP_PERFMON CAP_SYS_ADMIN"]
     (sock,) = unit_values("vgpud-probes.socket", "ListenStream")
     (start,) = unit_values("vgpud.service", "ExecStart")
     assert f"--probes-helper {sock}" in start and "--no-probes" not in start
     assert "vgpud-probes.socket" in unit_values("vgpud.service", "Wants")[0]
+
+
+def test_the_metrics_exporter_runs_without_privilege(tmp_path: Path) -> None:
+    """The HTTP parser is vgpud-metrics@.service's: a dynamic user with an
+    empty bounding set and no network of its own, reached by the daemon over
+    the socket vgpud-metrics.socket listens on (root's alone)."""
+    copies = {u.name: u for u in installed_copies(tmp_path)}
+    score, status = exposure(copies["vgpud-metrics@0.service"], 1.0)
+    print(f"\nvgpud-metrics@.service exposure {score:.1f}")
+    assert score <= 1.0 and status == 0
+    for key, value in (("DynamicUser", "yes"), ("CapabilityBoundingSet", ""),
+                       ("PrivateNetwork", "yes"), ("RestrictAddressFamilies", "AF_UNIX")):
+        assert unit_values("vgpud-metrics@.service", key) == [value], key
+    (sock,) = unit_values("vgpud-metrics.socket", "ListenStream")
+    assert unit_values("vgpud-metrics.socket", "SocketMode") == ["0600"]
+    assert unit_values("vgpud-metrics.socket", "Accept") == ["yes"]
+    (start,) = unit_values("vgpud.service", "ExecStart")
+    assert f"--metrics-helper {sock}" in start
+    assert "vgpud-metrics.socket" in unit_values("vgpud.service", "Wants")[0]

@@ -95,7 +95,8 @@ def system(request: pytest.FixtureRequest) -> Iterator[None]:
     if request.session.testsfailed:  # what CI's log needs to tell why
         print(sh("systemctl", "status", "--no-pager", "--full", "--lines=0", "vgpud",
                  check=False).stdout)
-        for unit in ("vgpud.service", "vgpud-fsmount@*.service", "vgpud-probes.service"):
+        for unit in ("vgpud.service", "vgpud-fsmount@*.service", "vgpud-probes.service",
+                     "vgpud-metrics@*.service"):
             print(f"\n--- journal of {unit} ---\n" + "\n".join(journal(unit)[-150:]))
     sh("systemctl", "stop", "vgpud", check=False)
     # The stop waits (5 s at most) for vgpud-probes to detach the programs
@@ -280,13 +281,34 @@ def scrape_metric(line_start: str) -> float | None:
                  if s.startswith(line_start)), None)
 
 
-def test_metrics_are_served_from_inside_the_sandbox(started: float) -> None:
-    """[metrics] on: the exporter child of the sandboxed daemon (IPAddressAllow=
-    localhost) answers a scrape on loopback with the tenant's exact figures,
-    after the restarts above."""
+def exporters() -> list[dict[str, str]]:
+    """The running vgpud-metrics@ instances: unit, pid, uid, effective caps."""
+    out = sh("systemctl", "list-units", "--plain", "--no-legend", "--state=running",
+             "vgpud-metrics@*.service").stdout
+    found = []
+    for unit in (line.split()[0] for line in out.splitlines() if line.strip()):
+        pid = show("MainPID", unit=unit)["MainPID"]
+        status = dict(line.split(":", 1) for line in
+                      Path(f"/proc/{pid}/status").read_text().splitlines())
+        found.append({"unit": unit, "pid": pid, "uid": status["Uid"].split()[1],
+                      "caps": status["CapEff"].strip() + status["CapBnd"].strip()})
+    return found
+
+
+def test_metrics_are_served_without_privilege(started: float) -> None:
+    """[metrics] on: the daemon binds the port in its sandbox (IPAddressAllow=
+    localhost) and passes it to vgpud-metrics@.service, which answers a scrape
+    on loopback with the tenant's exact figures, after the restarts above. The
+    process that parses HTTP is that unit's alone: a dynamic user (not root)
+    with no capability; nothing but the daemon runs in vgpud.service."""
     limit = 'vgpud_memory_limit_bytes{gpu="0",gpu_uuid="",tenant="a"}'
     used_0 = 'vgpud_memory_used_bytes{gpu="0",gpu_uuid="",tenant="a"}'
     wait_until(lambda: scrape_metric(limit) == 768 * MiB, "the limit scraped", timeout=300)
+    (exporter,) = exporters()
+    print(f"\n{exporter}")
+    assert exporter["uid"] != "0" and exporter["caps"] == "0" * 32, exporter
+    cgroup = Path("/sys/fs/cgroup/system.slice/vgpud.service/cgroup.procs")
+    assert cgroup.read_text().split() == [str(main_pid())]
     holder = Holder("128MiB", 1)
     try:
         assert holder.statuses() == [0]
@@ -295,6 +317,9 @@ def test_metrics_are_served_from_inside_the_sandbox(started: float) -> None:
     finally:
         holder.release()
     wait_until(lambda: scrape_metric(used_0) == 0, "the release scraped")
+    sh("kill", "-KILL", exporter["pid"])  # the daemon connects again: another instance
+    wait_until(lambda: scrape_metric(limit) == 768 * MiB, "scraped from the next exporter")
+    assert [e["unit"] for e in exporters()] != [exporter["unit"]]
 
 
 def latency(tenant: str) -> dict[tuple[str, str], list[int]]:

@@ -1,25 +1,31 @@
 """The metrics exporter: the process that renders and serves the text format.
 
-``python -m vgpud.metrics.exporter LISTEN_FD PIPE_FD DAEMON_PID [options]``,
-started by vgpud.metrics.service with the daemon's listening socket and the
-read end of a pipe on which the daemon writes snapshots (vgpud.metrics.wire).
-One thread: it takes the pipe's frames first, then answers one request at
-a time (``--timeout`` bounds a client that sends nothing), rendering a
-snapshot the first time it is scraped and serving the same bytes until the
-next. A frame that does not decode is logged and dropped; the last good
-snapshot stays. It exits when the daemon does: PR_SET_PDEATHSIG, and EOF on
-the pipe. Requests wait in the listen backlog until the first snapshot.
+``vgpud-metrics [options]``: one connection from the daemon, the one
+systemd passes (vgpud-metrics.socket, Accept=yes: fd 3), whose peer must be
+root; or ``--conn-fd N --daemon-pid P``, a child of the daemon on a
+socketpair (vgpud.metrics.service). The daemon sends the listening socket
+it bound first (vgpud.metrics.wire.HELLO with SCM_RIGHTS), then snapshots.
+One thread: it takes the connection's frames first, then answers one
+request at a time (``--timeout`` bounds a client that sends nothing),
+rendering a snapshot the first time it is scraped and serving the same
+bytes until the next. A frame that does not decode is logged and dropped;
+the last good snapshot stays. It exits at the connection's end of stream (a
+child also with the daemon: PR_SET_PDEATHSIG). It makes no socket of its
+own. Requests wait in the listen backlog until the first snapshot.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import logging
 import os
 import selectors
 import signal
 import socket
+import socketserver
+import struct
 import sys
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -28,9 +34,11 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from vgpud.host.systemd import passed_socket
 from vgpud.metrics.families import families
+from vgpud.metrics.listen import REQUEST_TIMEOUT
 from vgpud.metrics.snapshot import Snapshot
-from vgpud.metrics.wire import FrameReader, WireError, decode
+from vgpud.metrics.wire import HELLO, FrameReader, WireError, decode
 
 __all__ = ["Exporter", "main"]
 
@@ -38,6 +46,7 @@ log = logging.getLogger("vgpud.metrics.exporter")
 
 _PR_SET_PDEATHSIG = 1
 _READ_SIZE = 1 << 20
+NICE = 10  # below the daemon (0): see vgpud-metrics@.service
 
 
 class Exporter:
@@ -101,19 +110,40 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class _Server(HTTPServer):
-    """One request at a time, on a socket bound (and listening) by the daemon."""
+    """One request at a time, on a socket bound (and listening) by the daemon.
+    socketserver's own __init__ is skipped: it would make a socket (refused
+    in vgpud-metrics@.service, whose only address family is AF_UNIX)."""
 
     def __init__(self, listener: socket.socket, exporter: Exporter, timeout: float) -> None:
-        self.address_family = listener.family
         self.exporter = exporter
         handler = type("Handler", (_Handler,), {"timeout": timeout})
-        super().__init__(listener.getsockname(), handler, bind_and_activate=False)
-        self.socket.close()
+        socketserver.BaseServer.__init__(self, listener.getsockname(), handler)
         self.socket = listener
 
 
+class ProtocolError(Exception):
+    """The connection did not start as the daemon's does."""
+
+
+def receive_listener(conn: socket.socket) -> socket.socket:
+    """The listening TCP socket the daemon sends first (HELLO, SCM_RIGHTS)."""
+    data, fds, _, _ = socket.recv_fds(conn, len(HELLO), 1, socket.MSG_CMSG_CLOEXEC)
+    if data != HELLO or len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        raise ProtocolError(f"expected {HELLO!r} with one descriptor, got {data[:16]!r} "
+                            f"with {len(fds)}")
+    listener = socket.socket(fileno=fds[0])
+    if (listener.type != socket.SOCK_STREAM
+            or listener.family not in (socket.AF_INET, socket.AF_INET6)
+            or not listener.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
+        listener.close()
+        raise ProtocolError("the descriptor is no listening TCP socket")
+    return listener
+
+
 def serve(listener: socket.socket, pipe_fd: int, timeout: float) -> None:
-    """Until EOF on the pipe."""
+    """Until end of stream on ``pipe_fd``, the daemon's connection."""
     exporter = Exporter()
     server = _Server(listener, exporter, timeout)
     listener.setblocking(False)  # accept is polled: a connection gone meanwhile is no hang
@@ -124,7 +154,7 @@ def serve(listener: socket.socket, pipe_fd: int, timeout: float) -> None:
             if exporter.snapshot is not None and listener.fileno() not in sel.get_map():
                 sel.register(listener, selectors.EVENT_READ)
             ready = {key.fd for key, _ in sel.select()}
-            while True:  # the pipe first: a scrape after a refresh sees its snapshot
+            while True:  # frames first: a scrape after a refresh sees its snapshot
                 try:
                     data = os.read(pipe_fd, _READ_SIZE)
                 except BlockingIOError:
@@ -144,24 +174,55 @@ def _die_with_parent() -> None:
                     os.strerror(ctypes.get_errno()))
 
 
-def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="vgpud.metrics.exporter", description=__doc__)
-    ap.add_argument("listen_fd", type=int)
-    ap.add_argument("pipe_fd", type=int)
-    ap.add_argument("daemon_pid", type=int)
-    ap.add_argument("--timeout", type=float, required=True,
-                    help="seconds a client may take to send its request")
+def _peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
+
+
+def _connection(conn_fd: int | None, daemon_pid: int | None) -> socket.socket | None:
+    """The daemon's connection; None when the daemon is already gone."""
+    if conn_fd is not None:
+        # Scrapes yield to the daemon's upcalls on a busy CPU (as Nice= does
+        # for vgpud-metrics@.service); refused under a filter of @resources.
+        with contextlib.suppress(OSError):
+            os.nice(NICE)
+        if daemon_pid is not None:
+            _die_with_parent()
+            if os.getppid() != daemon_pid:  # the daemon died before prctl
+                return None
+        return socket.socket(fileno=conn_fd)
+    conn = passed_socket("connection")
+    if (uid := _peer_uid(conn)) != 0:
+        conn.close()
+        raise ProtocolError(f"the peer is uid {uid}, not root")
+    return conn
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="vgpud-metrics", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--conn-fd", type=int, help="the daemon's connection (a child's socketpair "
+                    "end), instead of the one systemd passes")
+    ap.add_argument("--daemon-pid", type=int, help="exit with this parent (with --conn-fd)")
+    ap.add_argument("--timeout", type=float, default=REQUEST_TIMEOUT,
+                    help="seconds a client may take to send its request (default %(default)s)")
     ap.add_argument("--log-level", default="INFO")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    _die_with_parent()
-    if os.getppid() != args.daemon_pid:  # the daemon died before prctl
-        return 0
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C is the daemon's to act on
-    serve(socket.socket(fileno=args.listen_fd), args.pipe_fd, args.timeout)
+    try:
+        conn = _connection(args.conn_fd, args.daemon_pid)
+        if conn is None:
+            return 0
+        with conn:
+            listener = receive_listener(conn)
+            serve(listener, conn.fileno(), args.timeout)
+    except (LookupError, ProtocolError, OSError) as exc:
+        log.error("metrics exporter: %s", exc)
+        return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -1,10 +1,13 @@
-"""The [metrics] listen value: ``host:port``, an IP literal (IPv6 in brackets)."""
+"""The [metrics] listen value: ``host:port``, an IP literal (IPv6 in brackets);
+and how long a scraper may take to send its request."""
 
 from __future__ import annotations
 
 import ipaddress
 
-__all__ = ["parse_listen"]
+__all__ = ["REQUEST_TIMEOUT", "parse_listen"]
+
+REQUEST_TIMEOUT = 5.0  # seconds a client may take to send its request
 
 
 def parse_listen(value: str) -> tuple[str, int]:

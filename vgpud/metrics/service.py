@@ -1,27 +1,30 @@
 """The metrics adapter: a snapshot refreshed on the event loop, rendered and
-served over HTTP by a child process (vgpud.metrics.exporter).
+served over HTTP by another process (vgpud.metrics.exporter).
 
 The daemon binds the listening socket itself (a port it cannot bind is a
-log line; the daemon serves upcalls without metrics) and hands it to the
-exporter with the read end of a pipe. The loop does the cheap part: every
-``interval`` it asks the module for its counters (GET_STATS, the one await),
-copies the daemon's figures into a Snapshot (vgpud.metrics.snapshot) and,
-when it differs from the last, writes it to the pipe in vgpud.metrics.wire's
-encoding. The write never blocks: the pipe is non-blocking, and while the
-exporter has not read one frame, a newer snapshot replaces the one waiting
-behind it instead of queueing. Rendering and HTTP take the exporter's CPU
-and GIL, never the loop's; the daemon loads no HTTP server nor
-prometheus_client. The exporter reads the pipe and nothing else of the
-daemon: it dies with it (PR_SET_PDEATHSIG, and EOF on the pipe), and when it
-dies on its own the daemon starts another after a back-off, the listening
-socket (and its backlog of scrapers) kept meanwhile.
+log line; the daemon serves upcalls without metrics) and sends it to the
+exporter (SCM_RIGHTS) over a stream connection: a socketpair with a child
+process, or, with ``helper``, a connection to vgpud-metrics.socket, whose
+vgpud-metrics@.service runs the exporter as a dynamic user with no
+capabilities and no network of its own (the HTTP parser then has none of
+the daemon's CAP_NET_ADMIN, CAP_SYS_NICE nor root's files). The loop does
+the cheap part: every ``interval`` it asks the module for its counters
+(GET_STATS, the one await), copies the daemon's figures into a Snapshot
+(vgpud.metrics.snapshot) and, when it differs from the last, sends it in
+vgpud.metrics.wire's encoding. The send never blocks: the socket is
+non-blocking, and while the exporter has not read one frame, a newer
+snapshot replaces the one waiting behind it instead of queueing. Rendering
+and HTTP take the exporter's CPU and GIL, never the loop's; the daemon loads
+no HTTP server nor prometheus_client. The exporter reads the connection and
+nothing else of the daemon: it exits at its end of stream (and a child with
+the daemon, PR_SET_PDEATHSIG). When it is gone the daemon starts or
+connects another after a back-off, the listening socket (and its backlog of
+scrapers) kept meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import fcntl
 import logging
 import os
 import socket
@@ -29,23 +32,25 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from vgpud.kernel.channel import ChannelError
 from vgpud.kernel.codec import DecodeError
 from vgpud.kernel.uapi import Stats, Stats4
+from vgpud.metrics.listen import REQUEST_TIMEOUT
 from vgpud.metrics.snapshot import Snapshot
-from vgpud.metrics.wire import encode, frame
+from vgpud.metrics.wire import HELLO, encode, frame
 
 __all__ = ["MetricsService"]
 
 log = logging.getLogger("vgpud.metrics")
 
 REFRESH_INTERVAL = 1.0  # seconds between snapshots
-REQUEST_TIMEOUT = 5.0  # seconds a client may take to send its request
-RESTART_DELAY = 1.0  # first back-off before a dead exporter is started again
+RESTART_DELAY = 1.0  # first back-off before a lost exporter is started (connected) again
 RESTART_DELAY_MAX = 60.0  # doubling up to this; reset once one has lived this long
 STOP_TIMEOUT = 5.0  # seconds the exporter gets after SIGTERM, before SIGKILL
-PIPE_SIZE = 1 << 20  # room for a snapshot of thousands of accounts in one write
+SEND_BUFFER = 1 << 20  # room for a snapshot of thousands of accounts (capped by wmem_max)
+CONNECT_TIMEOUT = 5.0  # seconds to reach vgpud-metrics.socket (systemd holds it: at once)
 LISTEN_BACKLOG = 16
 # systemd's words to the daemon alone: the exporter is no notifier nor watched.
 _DAEMON_ONLY = frozenset({"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS",
@@ -57,12 +62,15 @@ GetCounters = Callable[[], Awaitable[tuple[Stats, Stats4 | None]]]
 
 class MetricsService:
     """``collect`` makes a snapshot on the loop from the module's counters
-    (None until GET_STATS answers); ``get_counters`` asks the module."""
+    (None until GET_STATS answers); ``get_counters`` asks the module;
+    ``helper``: the exporter is vgpud-metrics on this socket, not a child."""
 
     def __init__(self, host: str, port: int, collect: Collect, get_counters: GetCounters, *,
-                 interval: float = REFRESH_INTERVAL, request_timeout: float = REQUEST_TIMEOUT,
+                 helper: Path | None = None, interval: float = REFRESH_INTERVAL,
+                 request_timeout: float = REQUEST_TIMEOUT,
                  restart_delay: float = RESTART_DELAY) -> None:
         self.host, self.port = host, port
+        self._helper = helper
         self._collect = collect
         self._get_counters = get_counters
         self._interval = interval
@@ -75,7 +83,7 @@ class MetricsService:
         self._listener: socket.socket | None = None
         self._refresher: asyncio.Task[None] | None = None
         self._module_failing = False
-        self.exporter: _Child | None = None
+        self.exporter: _Link | None = None
         self._restart: asyncio.TimerHandle | None = None
 
     @property
@@ -146,22 +154,24 @@ class MetricsService:
         self._restart = None
         assert self._listener is not None
         try:
-            child = _Child(self._listener, self._request_timeout, self._exited)
+            link: _Link = (_Child(self._listener, self._request_timeout, self._lost)
+                           if self._helper is None
+                           else _Remote(self._listener, self._helper, self._lost))
         except OSError as exc:
-            log.error("metrics: cannot start the exporter (%s)", exc)
+            where = "the exporter" if self._helper is None else f"vgpud-metrics at {self._helper}"
+            log.error("metrics: cannot start %s (%s)", where, exc)
             self._schedule_restart()
             return
-        self.exporter = child
-        child.offer(frame(self._payload))
+        self.exporter = link
+        link.offer(frame(self._payload))
 
-    def _exited(self, child: _Child, status: int, lived: float) -> None:
-        if child is not self.exporter:
+    def _lost(self, link: _Link, why: str, lived: float) -> None:
+        if link is not self.exporter:
             return
         self.exporter = None
         if lived >= RESTART_DELAY_MAX:
             self._delay = self._restart_delay
-        log.warning("metrics: exporter (pid %d) exited with status %d: restarting in %.1f s",
-                    child.pid, status, self._delay)
+        log.warning("metrics: %s: restarting in %.1f s", why, self._delay)
         self._schedule_restart()
 
     def _schedule_restart(self) -> None:
@@ -169,47 +179,28 @@ class MetricsService:
         self._restart = asyncio.get_running_loop().call_later(delay, self._spawn)
 
 
-class _Child:
-    """One exporter process, the write end of its pipe and the frame being
-    written; its exit is seen on a pidfd (no thread, no SIGCHLD handler)."""
+Lost = Callable[["_Link", str, float], None]
 
-    def __init__(self, listener: socket.socket, timeout: float,
-                 exited: Callable[[_Child, int, float], None]) -> None:
+
+class _Link:
+    """Our end of an exporter's connection: it is sent the listening socket
+    first (HELLO with SCM_RIGHTS), then frames. The frame being written and
+    the one after it are kept; a newer one replaces the second, never queues."""
+
+    def __init__(self, conn: socket.socket, listener: socket.socket, lost: Lost) -> None:
         self._loop = asyncio.get_running_loop()
-        self._exited = exited
-        read, self._fd = os.pipe2(os.O_CLOEXEC)
-        try:
-            os.set_blocking(self._fd, False)
-            with contextlib.suppress(OSError):  # else 64 KiB: a large snapshot takes writes
-                fcntl.fcntl(self._fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-            level = logging.getLevelName(log.getEffectiveLevel())
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "vgpud.metrics.exporter", str(listener.fileno()),
-                 str(read), str(os.getpid()), "--timeout", str(timeout), "--log-level", level],
-                pass_fds=(listener.fileno(), read), stdin=subprocess.DEVNULL,
-                env={k: v for k, v in os.environ.items() if k not in _DAEMON_ONLY})
-        except BaseException:
-            os.close(self._fd)
-            raise
-        finally:
-            os.close(read)
-        self.pid = self._proc.pid
+        self._conn = conn
+        self._lost = lost
         self._started = time.monotonic()
-        try:
-            self._pidfd = os.pidfd_open(self.pid)
-        except OSError:
-            self._proc.kill()
-            self._proc.wait()
-            os.close(self._fd)
-            raise
-        self._loop.add_reader(self._pidfd, self._on_exit)
+        socket.send_fds(conn, [HELLO], [listener.fileno()])
+        conn.setblocking(False)
         self._out: memoryview | None = None  # the frame being written
         self._next: bytes | None = None  # the one after it (replaced, never queued)
         self._writing = False
 
     def offer(self, data: bytes) -> None:
         """Send ``data`` (a whole frame) now, or after the frame in flight."""
-        if self._fd < 0:
+        if self._conn.fileno() < 0:
             return
         if self._out is not None:
             self._next = data
@@ -220,37 +211,75 @@ class _Child:
     def _flush(self) -> None:
         while self._out is not None:
             try:
-                n = os.write(self._fd, self._out)
+                n = self._conn.send(self._out)
             except BlockingIOError:
                 if not self._writing:
-                    self._loop.add_writer(self._fd, self._flush)
+                    self._loop.add_writer(self._conn, self._flush)
                     self._writing = True
                 return
-            except OSError:  # EPIPE: it died; the pidfd says so
+            except OSError:  # EPIPE: it is gone; its end says so
                 self._out = self._next = None
                 break
             self._out = self._out[n:] if n < len(self._out) else None
             if self._out is None and self._next is not None:
                 self._out, self._next = memoryview(self._next), None
         if self._writing:
-            self._loop.remove_writer(self._fd)
+            self._loop.remove_writer(self._conn)
             self._writing = False
 
-    def _close(self) -> int:
-        """Reap it (it has exited) and close our ends; its exit status."""
-        os.close(self._pidfd)
+    def _close(self) -> None:
         if self._writing:
-            self._loop.remove_writer(self._fd)
+            self._loop.remove_writer(self._conn)
             self._writing = False
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self._conn.close()
+
+    def _ended(self, why: str) -> None:
+        self._close()
+        self._lost(self, why, time.monotonic() - self._started)
+
+    async def stop(self) -> None:
+        self._close()
+
+
+class _Child(_Link):
+    """An exporter process of ours on a socketpair; its exit is seen on a
+    pidfd (no thread, no SIGCHLD handler)."""
+
+    def __init__(self, listener: socket.socket, timeout: float, lost: Lost) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+            level = logging.getLevelName(log.getEffectiveLevel())
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "vgpud.metrics.exporter", "--conn-fd", str(theirs.fileno()),
+                 "--daemon-pid", str(os.getpid()), "--timeout", str(timeout),
+                 "--log-level", level],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                env={k: v for k, v in os.environ.items() if k not in _DAEMON_ONLY})
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.pid = self._proc.pid
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+            super().__init__(ours, listener, lost)
+        except OSError:
+            ours.close()
+            self._proc.kill()
+            self._proc.wait()
+            raise
+        self._loop.add_reader(self._pidfd, self._on_exit)
+
+    def _reap(self) -> int:
+        os.close(self._pidfd)
+        self._close()
         return self._proc.wait()
 
     def _on_exit(self) -> None:
         self._loop.remove_reader(self._pidfd)
-        status = self._close()
-        self._exited(self, status, time.monotonic() - self._started)
+        self._ended(f"exporter (pid {self.pid}) exited with status {self._reap()}")
 
     async def stop(self) -> None:
         """SIGTERM, then SIGKILL after STOP_TIMEOUT; reaped when it returns."""
@@ -262,6 +291,33 @@ class _Child:
                 await asyncio.sleep(0.01)
             if self._proc.poll() is None:
                 self._proc.kill()
+        self._reap()
+
+
+class _Remote(_Link):
+    """vgpud-metrics (its own unit, socket-activated) on ``path``: connected
+    once; it never writes, so our end turns readable only when it is gone."""
+
+    def __init__(self, listener: socket.socket, path: Path, lost: Lost) -> None:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.settimeout(CONNECT_TIMEOUT)
+            conn.connect(str(path))
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+            super().__init__(conn, listener, lost)
+        except BaseException:
+            conn.close()
+            raise
+        self._path = path
+        self._loop.add_reader(conn, self._on_readable)
+
+    def _on_readable(self) -> None:
+        self._loop.remove_reader(self._conn)
+        self._ended(f"vgpud-metrics at {self._path} closed the connection")
+
+    async def stop(self) -> None:
+        """Closing is its end of stream: it exits."""
+        self._loop.remove_reader(self._conn)
         self._close()
 
 

@@ -1,6 +1,7 @@
-"""A Snapshot on the pipe from the daemon to its metrics exporter (pure).
+"""A Snapshot on the connection from the daemon to its metrics exporter (pure).
 
-A frame is ``MAGIC``, the payload's length (u32, little-endian) and the
+The daemon first sends ``HELLO``, one byte that carries the listening socket
+(SCM_RIGHTS), then frames. A frame is ``MAGIC``, the payload's length (u32, little-endian) and the
 payload: marshal of plain tuples of ints, floats, strs and None (never
 pickle: decoding builds only the Snapshot's own dataclasses, from values
 whose every type is checked). ``encode`` runs on the event loop, once per
@@ -19,8 +20,9 @@ from dataclasses import fields
 from vgpud.kernel.uapi import Stats, Stats4
 from vgpud.metrics.snapshot import DaemonFigures, Snapshot, TenantGpu
 
-__all__ = ["MAGIC", "MAX_PAYLOAD", "FrameReader", "WireError", "decode", "encode", "frame"]
+__all__ = ["HELLO", "MAGIC", "MAX_PAYLOAD", "FrameReader", "WireError", "decode", "encode", "frame"]
 
+HELLO = b"L"
 MAGIC = b"VGM1"
 _HEADER = struct.Struct("<4sI")
 MAX_PAYLOAD = 64 << 20  # 8 GPUs x 4096 tenants is about 3 MiB

@@ -21,6 +21,7 @@
     [metrics]
     enabled = false                # Prometheus metrics over HTTP
     listen = "127.0.0.1:9400"      # host:port; loopback only unless said otherwise
+    helper = "/run/vgpud-metrics.sock"  # serve them from vgpud-metrics (unset: a child)
 
     [cdi]
     enabled = true                 # keep a CDI spec of the tenants' devices current
@@ -122,11 +123,21 @@ class MetricsSettings(BaseModel):
 
     enabled: bool = Field(default=False, strict=True)
     listen: str = Field(default="127.0.0.1:9400", strict=True)
+    # The vgpud-metrics socket: its unit renders and serves them (the HTTP
+    # parser then runs with no capability); None: a child of this process.
+    helper: Path | None = None
 
     @field_validator("listen")
     @classmethod
     def _listen(cls, value: str) -> str:
         parse_listen(value)
+        return value
+
+    @field_validator("helper")
+    @classmethod
+    def _helper(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_absolute():
+            raise ValueError(f"the metrics helper's socket must be an absolute path, not {value}")
         return value
 
 
