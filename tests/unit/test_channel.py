@@ -113,6 +113,29 @@ def test_request_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     run(main())
 
 
+def test_a_cancel_that_meets_the_reply_cancels() -> None:
+    """The reply arrives and the caller is cancelled in the same loop turn
+    (a refresher stopped while GET_STATS is answered): the caller ends
+    cancelled, as asked; Python 3.11's asyncio.wait_for would return the
+    reply instead, and the refresher would go on, its stop() waiting forever."""
+
+    async def main():
+        channel, kernel = await pair(silent={Cmd.GET_STATS})
+        task = asyncio.create_task(channel.get_counters())
+        while not channel._pending:
+            await asyncio.sleep(0)
+        (pending,) = channel._pending.values()
+        pending.future.set_result([])
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not channel._pending
+        channel.close()
+        kernel.stop()
+
+    run(main())
+
+
 def test_upcalls_get_verdicts_and_events_reach_the_handler() -> None:
     async def main():
         handler = Recorder()

@@ -381,7 +381,11 @@ class GenlChannel:
         self._pending[seq] = pending
         try:
             self._sock.send(build(seq))
-            return await asyncio.wait_for(pending.future, REQUEST_TIMEOUT)
+            # Not asyncio.wait_for: Python 3.11's returns the reply when a
+            # cancel meets it, and the cancelled task (a stopping refresher)
+            # would go on.
+            async with asyncio.timeout(REQUEST_TIMEOUT):
+                return await pending.future
         except RequestFailed as exc:
             if exc.errno == errno.EPERM:
                 why = exc.detail or "the vgpu module needs CAP_NET_ADMIN"
