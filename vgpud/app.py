@@ -9,7 +9,8 @@ below (vgpud.core.observers: subjects never subscribe anyone):
 
     Ledger       -> journal              (first: on file before anyone acts)
     GroupTracker -> journal, scheduler
-    Manager      -> scheduler, D-Bus service, CDI spec keeper,
+    Manager      -> scheduler, App (a reload's changed sections),
+                    D-Bus service, CDI spec keeper,
                     metrics' DeniedCounts ([metrics] enabled)
     scheduler    -> D-Bus service        (shares)
 
@@ -33,7 +34,7 @@ from dbus_fast import BusType
 from dbus_fast.aio import MessageBus
 
 from vgpud.admin.dbus import BUS_NAME, AdminService
-from vgpud.admin.manager import AdminError, Manager
+from vgpud.admin.manager import AdminError, Manager, ManagerEvent, SectionsChanged
 from vgpud.cdi.files import SpecFile, this_hook
 from vgpud.cdi.keeper import SpecKeeper
 from vgpud.core.groups import GroupTracker
@@ -49,7 +50,7 @@ from vgpud.probes.service import ProbeService
 from vgpud.sched.activity import choose_source
 from vgpud.sched.actuator import ModuleActuator
 from vgpud.sched.service import SchedulerService
-from vgpud.store.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
+from vgpud.store.config import DEFAULT_CONFIG_PATH, ConfigError, MetricsSettings, load_config
 from vgpud.store.journal import ChargeAndGroupJournal
 from vgpud.store.state import StateError, load_state
 
@@ -132,28 +133,34 @@ def build_quota(config_path: Path | None = None, dbus: str = "try",
     app = App(manager, quota, tracker, scheduler, journal=journal, dbus=dbus, cgroups=cgroups,
               probes=probe_service)
     app.fs_wanted = fs and config.fs.enabled
-    app.metrics_helper = metrics_helper or config.metrics.helper
+    app.metrics_helper = metrics_helper
     app.inventory = tuple(gpus)
-    if config.cdi.enabled:
-        try:
-            app.cdi = SpecKeeper(manager, SpecFile(config.cdi.spec_dir), this_hook())
-        except OSError as exc:
-            log.error("CDI: no spec for container runtimes: %s", exc)
+    app.cdi = _spec_keeper(manager)
     subs = app.subscriptions
     if journal is not None:
         subs.add(ledger.observers, journal)
         subs.add(tracker.observers, journal)
     subs.add(tracker.observers, scheduler)
     subs.add(manager.observers, scheduler)
+    subs.add(manager.observers, app)
     if config.metrics.enabled:
-        # Imported here, before READY=1, not when the metrics start: imports
-        # take seconds in a slow guest, which upcalls must not wait for.
-        # (prometheus_client is loaded by the exporter process alone.)
-        from vgpud.metrics.sources import DeniedCounts
-
-        app.denied = DeniedCounts()
-        subs.add(manager.observers, app.denied)
+        # Before READY=1, not when the metrics start: imports take seconds in a
+        # slow guest, which upcalls must not wait for (a reload that turns the
+        # metrics on imports them on the loop, once).
+        app.count_denied()
     return policy, app
+
+
+def _spec_keeper(manager: Manager) -> SpecKeeper | None:
+    """The CDI spec's keeper when [cdi] is enabled (not started)."""
+    settings = manager.config.cdi
+    if not settings.enabled:
+        return None
+    try:
+        return SpecKeeper(manager, SpecFile(settings.spec_dir), this_hook())
+    except OSError as exc:
+        log.error("CDI: no spec for container runtimes: %s", exc)
+        return None
 
 
 class App:
@@ -182,8 +189,15 @@ class App:
         self.subscriptions = Subscriptions()
         self.service: AdminService | None = None
         self.metrics: MetricsService | None = None  # started with the channel
-        self.denied: DeniedCounts | None = None  # made when [metrics] is enabled
-        self.metrics_helper: Path | None = None  # vgpud-metrics' socket; None: a child
+        self.denied: DeniedCounts | None = None  # made when [metrics] is first enabled
+        # What the metrics serve from (set when they may start) and the
+        # settings they were started with: a reload compares against these.
+        self._metrics_from: tuple[Dispatcher, GenlChannel] | None = None
+        self._metrics_settings: MetricsSettings | None = None
+        self._metrics_lock = asyncio.Lock()
+        self._reconfigure: asyncio.Task[None] | None = None
+        # --metrics-helper: vgpud-metrics' socket, over [metrics] helper.
+        self.metrics_helper: Path | None = None
         # The CDI spec's keeper: started with the admin API, which its hook calls.
         self.cdi: SpecKeeper | None = None
         # The file view (vgpud.fsview): mounted with the channel, unless --no-fs.
@@ -252,24 +266,45 @@ class App:
     async def stop_probes(self) -> None:
         await self.probes.stop()
 
-    async def start_metrics(self, dispatcher: Dispatcher, channel: GenlChannel) -> None:
-        """Serve the Prometheus metrics when [metrics] is enabled (vgpud.metrics);
-        an address that cannot be bound is logged, and the daemon goes on."""
+    def count_denied(self) -> DeniedCounts:
+        """The metrics' count of refused allocations, from now on."""
         if self.denied is None:
-            return
-        # Loaded by build_quota already (only when metrics are on).
-        from vgpud.metrics.listen import parse_listen
-        from vgpud.metrics.service import MetricsService
-        from vgpud.metrics.sources import snapshot_source
+            from vgpud.metrics.sources import DeniedCounts
 
-        uuids = {gpu.number: gpu.uuid for gpu in self.inventory if gpu.uuid}
-        source = snapshot_source(self.manager, self.quota.ledger, self.scheduler, dispatcher,
-                                 channel.stats, self.denied, uuids)
-        listen = self.manager.config.metrics.listen
-        metrics = MetricsService(*parse_listen(listen), source, channel.get_counters,
-                                 helper=self.metrics_helper)
-        if metrics.start():
-            self.metrics = metrics
+            self.denied = DeniedCounts()
+            self.subscriptions.add(self.manager.observers, self.denied)
+        return self.denied
+
+    async def start_metrics(self, dispatcher: Dispatcher, channel: GenlChannel) -> None:
+        """Serve the Prometheus metrics when [metrics] is enabled (vgpud.metrics),
+        now and after each reload that changes that section; an address that
+        cannot be bound is logged, and the daemon goes on."""
+        self._metrics_from = (dispatcher, channel)
+        await self._apply_metrics()
+
+    async def _apply_metrics(self) -> None:
+        """Bring the running metrics in line with the config's [metrics]."""
+        async with self._metrics_lock:
+            settings = self.manager.config.metrics
+            if self._metrics_from is None or settings == self._metrics_settings:
+                return
+            await self.stop_metrics()
+            self._metrics_settings = settings
+            if not settings.enabled:
+                return
+            from vgpud.metrics.listen import parse_listen
+            from vgpud.metrics.service import MetricsService
+            from vgpud.metrics.sources import snapshot_source
+
+            dispatcher, channel = self._metrics_from
+            uuids = {gpu.number: gpu.uuid for gpu in self.inventory if gpu.uuid}
+            source = snapshot_source(self.manager, self.quota.ledger, self.scheduler,
+                                     dispatcher, channel.stats, self.count_denied(), uuids)
+            metrics = MetricsService(*parse_listen(settings.listen), source,
+                                     channel.get_counters,
+                                     helper=self.metrics_helper or settings.helper)
+            if metrics.start():
+                self.metrics = metrics
 
     async def start_fs(self, channel: GenlChannel) -> None:
         """Mount the file view at [fs] mountpoint; one that cannot be mounted
@@ -301,9 +336,16 @@ class App:
             await fs.stop()
 
     async def stop_metrics(self) -> None:
+        """Stop serving them (a reload's restart of them included)."""
         metrics, self.metrics = self.metrics, None
         if metrics is not None:
             await metrics.stop()
+
+    async def stop_reconfiguring(self) -> None:
+        """Wait out a reload's restart of the metrics, then let none start."""
+        self._metrics_from = None
+        if self._reconfigure is not None:
+            await asyncio.wait([self._reconfigure])
 
     async def stop_scheduling(self) -> None:
         """Stop deciding and turn the groups back on (the channel still up)."""
@@ -319,6 +361,32 @@ class App:
             return
         log.info("reloaded %s: %d tenants", self.manager.config_path,
                  len(self.manager.tenants))
+
+    def notify(self, event: ManagerEvent, /) -> None:
+        """A reload (SIGHUP or D-Bus Reload) changed these sections: [metrics]
+        and [cdi] are restarted; [fs] and [probes] take a restart of the
+        daemon, which the log says. (Tenants and [daemon] are the Manager's
+        other observers'.)"""
+        if not isinstance(event, SectionsChanged):
+            return
+        for name in sorted(event.names & {"fs", "probes"}):
+            log.warning("reload: [%s] changed: it applies at the next restart "
+                        "(systemctl restart vgpud)", name)
+        if "cdi" in event.names:
+            self._restart_cdi()
+        if "metrics" in event.names:
+            self._reconfigure = asyncio.get_running_loop().create_task(self._apply_metrics())
+
+    def _restart_cdi(self) -> None:
+        """The spec's keeper for the reloaded [cdi]: the old spec removed, the
+        new one written (when the admin API runs, as at start)."""
+        if self.cdi is not None:
+            self.subscriptions.drop(self.cdi)
+            self.cdi.stop()
+        self.cdi = _spec_keeper(self.manager)
+        if self.cdi is not None and self.service is not None:
+            self.cdi.start()
+            self.subscriptions.add(self.manager.observers, self.cdi)
 
     def close(self) -> None:
         self.subscriptions.clear()

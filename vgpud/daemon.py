@@ -179,6 +179,7 @@ class Daemon:
     async def _stop(self, channel: GenlChannel) -> None:
         self._notifier.send("STOPPING=1")
         if self.app is not None:
+            await self.app.stop_reconfiguring()  # a reload's restart of the metrics
             await self.app.stop_metrics()  # before the channel its refresh asks closes
             await self.app.stop_fs()  # likewise; and before the signal handlers go
             await self.app.stop_probes()  # the vgpu module is not pinned past the stop

@@ -2,8 +2,9 @@
 
 Every mutation validates first, persists the new runtime state atomically
 (save_state), and only then applies it, so a change that fails changes
-nothing. Its observers (the D-Bus service, the scheduler) hear what changed:
-TenantsChanged, TenantChanged, SettingsChanged and QuotaExceeded.
+nothing. Its observers (the D-Bus service, the scheduler, the App) hear what
+changed: TenantsChanged, TenantChanged, SettingsChanged, SectionsChanged and
+QuotaExceeded.
 
 The ledger holds one account per (tenant, GPU) of the inventory; its limit is
 what the tenant may hold there (Tenant.limit_for), 0 on GPUs the tenant may
@@ -46,6 +47,7 @@ __all__ = [
     "ManagerEvent",
     "NoSuchTenant",
     "QuotaExceeded",
+    "SectionsChanged",
     "SettingsChanged",
     "TenantBusy",
     "TenantChanged",
@@ -135,13 +137,25 @@ class SettingsChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class SectionsChanged:
+    """Sections other than [daemon] and the tenants changed (a reload):
+    names of SERVICE_SECTIONS."""
+
+    names: frozenset[str]
+
+
+# The config's sections for the daemon's services (vgpud.app applies them).
+SERVICE_SECTIONS = ("metrics", "cdi", "fs", "probes")
+
+
+@dataclass(frozen=True, slots=True)
 class QuotaExceeded:
     """Ledger.reserve answered Denied."""
 
     denied: Denied
 
 
-ManagerEvent = TenantsChanged | TenantChanged | SettingsChanged | QuotaExceeded
+ManagerEvent = TenantsChanged | TenantChanged | SettingsChanged | SectionsChanged | QuotaExceeded
 
 
 class Manager:
@@ -383,7 +397,7 @@ class Manager:
                 save_state(state, self.state_path)
             except OSError as e:
                 raise AdminError(f"cannot save {self.state_path}: {e}") from e
-        old_bindings, old_settings = self.bindings, self._config.daemon
+        old_bindings, old_config = self.bindings, self._config
         old_cgroups = set(self._cgroup_bindings.values())
         if config is not self._config:
             self._config_bindings = self._bind_config(config)
@@ -405,8 +419,12 @@ class Manager:
             if name in rebound:
                 fields.add(BINDINGS)
             self._notify(name, fields)
-        if config.daemon != old_settings:
+        if config.daemon != old_config.daemon:
             self.observers.notify(SettingsChanged())
+        sections = frozenset(n for n in SERVICE_SECTIONS
+                             if getattr(config, n) != getattr(old_config, n))
+        if sections:
+            self.observers.notify(SectionsChanged(sections))
 
     def _effective_cgroups(self) -> Mapping[str, CgroupBinding]:
         bindings = self._state.effective_cgroup_bindings(self._config.tenants, self._boot_id)
