@@ -78,6 +78,14 @@ def test_empty_file_gives_defaults(tmp_path: Path) -> None:
     assert config.probes.enabled and config.probes.interval_ms == 1000
 
 
+def test_metrics_section(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, '[metrics]\nenabled = true\nlisten = "[::1]:9500"\n'
+                                         'helper = "/run/vgpud-metrics.sock"\n'))
+    assert (config.metrics.enabled, config.metrics.listen, config.metrics.helper) == (
+        True, "[::1]:9500", Path("/run/vgpud-metrics.sock"))
+    assert load_config(write(tmp_path, "")).metrics.helper is None
+
+
 def test_probes_section(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, "[probes]\nenabled = false\ninterval_ms = 250\n"))
     assert (config.probes.enabled, config.probes.interval_ms) == (False, 250)
@@ -125,6 +133,10 @@ TENANT_A = '[[tenant]]\nname = "a"\n'
         ("[probes]\ninterval_ms = 50", "probes.interval_ms", "greater than or equal to 100"),
         ("[probes]\ninterval_ms = 60001", "probes.interval_ms", "less than or equal to 60000"),
         ("[probes]\nheaders = \"/usr/src\"", "probes.headers", "unknown key"),
+        ("[probes]\nhelper = \"probes.sock\"", "probes.helper",
+         "a helper's socket must be an absolute path, not probes.sock"),
+        ("[metrics]\nhelper = \"run/m.sock\"", "metrics.helper",
+         "a helper's socket must be an absolute path, not run/m.sock"),
     ],
 )  # fmt: skip
 def test_errors_name_file_key_problem(

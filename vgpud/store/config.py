@@ -52,7 +52,14 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 
 from vgpud.core.tenants import Tenant, TenantName
 from vgpud.metrics.listen import parse_listen
@@ -94,6 +101,15 @@ class DaemonSettings(BaseModel):
     charges_path: Path = DEFAULT_CHARGES_PATH
 
 
+def _absolute(value: Path | None) -> Path | None:
+    if value is not None and not value.is_absolute():
+        raise ValueError(f"a helper's socket must be an absolute path, not {value}")
+    return value
+
+
+HelperSocket = Annotated[Path | None, AfterValidator(_absolute)]
+
+
 class ProbeSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -101,14 +117,7 @@ class ProbeSettings(BaseModel):
     interval_ms: Annotated[int, Field(strict=True, ge=100, le=60_000)] = 1000
     # The vgpud-probes socket: the probes are loaded there (the daemon then needs
     # no CAP_BPF); None: in this process.
-    helper: Path | None = None
-
-    @field_validator("helper")
-    @classmethod
-    def _helper(cls, value: Path | None) -> Path | None:
-        if value is not None and not value.is_absolute():
-            raise ValueError(f"the probe helper's socket must be an absolute path, not {value}")
-        return value
+    helper: HelperSocket = None
 
 
 class FsSettings(BaseModel):
@@ -125,19 +134,12 @@ class MetricsSettings(BaseModel):
     listen: str = Field(default="127.0.0.1:9400", strict=True)
     # The vgpud-metrics socket: its unit renders and serves them (the HTTP
     # parser then runs with no capability); None: a child of this process.
-    helper: Path | None = None
+    helper: HelperSocket = None
 
     @field_validator("listen")
     @classmethod
     def _listen(cls, value: str) -> str:
         parse_listen(value)
-        return value
-
-    @field_validator("helper")
-    @classmethod
-    def _helper(cls, value: Path | None) -> Path | None:
-        if value is not None and not value.is_absolute():
-            raise ValueError(f"the metrics helper's socket must be an absolute path, not {value}")
         return value
 
 
