@@ -322,6 +322,28 @@ def test_metrics_are_served_without_privilege(started: float) -> None:
     assert [e["unit"] for e in exporters()] != [exporter["unit"]]
 
 
+HELPER_SOCKETS = ("/run/vgpud-metrics.sock", "/run/vgpud-probes.sock",
+                  "/run/vgpud-fsmount.sock")
+CONNECT = ("import socket, sys\n"
+           "try:\n"
+           "    socket.socket(socket.AF_UNIX).connect(sys.argv[1])\n"
+           "except OSError as exc:\n"
+           "    print(type(exc).__name__)\n"
+           "else:\n"
+           "    print('connected')\n")
+
+
+def test_a_tenant_cannot_reach_the_helpers(started: float) -> None:
+    """The helpers act on what root's daemon sends them (a port to serve, a
+    /dev/fuse to mount, probes to load): their sockets, as systemd made
+    them, refuse a tenant and an admin-group member at connect(2)."""
+    for path in HELPER_SOCKETS:
+        assert Path(path).is_socket(), path
+        for user in ("vgpu-tenant", "vgpu-op"):
+            said = sh("python3", "-c", CONNECT, path, user=user).stdout.strip()
+            assert said == "PermissionError", (path, user, said)
+
+
 def latency(tenant: str) -> dict[tuple[str, str], list[int]]:
     rows = json.loads(vgpuctl("latency", "--tenant", tenant, "--by-kind", "--json").stdout)
     return {(r["kind"], r["histogram"]): r["counts"] for r in rows.get(tenant, [])}
