@@ -220,3 +220,39 @@ def test_a_peer_that_is_not_root_is_refused() -> None:
             logs = activator.stop()
     assert done.returncode == 0 and done.stdout == b"True\n", done  # closed on it
     assert "metrics exporter: the peer is uid 65534, not root" in logs
+
+
+def test_a_helper_that_does_not_accept_never_blocks_the_loop(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A socket whose backlog is full (a helper's socket nobody accepts on):
+    start() returns at once, says why, and tries again later; the event loop,
+    which serves upcalls, never waits on the connect."""
+    path = tmp_path / "stuck.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stuck:
+        stuck.bind(str(path))
+        stuck.listen(0)
+        queued = []
+        while True:  # fill its backlog
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.setblocking(False)
+            queued.append(c)
+            try:
+                c.connect(str(path))
+            except BlockingIOError:
+                break
+
+        async def main() -> None:
+            metrics = MetricsService("127.0.0.1", 0, Figures(), module_counters,
+                                     interval=3600, helper=path, restart_delay=0.2)
+            t0 = time.monotonic()
+            assert metrics.start()
+            assert time.monotonic() - t0 < 1 and metrics.exporter is None
+            await metrics.stop()
+
+        try:
+            asyncio.run(asyncio.wait_for(main(), 30))
+        finally:
+            for c in queued:
+                c.close()
+    assert f"metrics: cannot start vgpud-metrics at {path}" in caplog.text
+    assert "Resource temporarily unavailable" in caplog.text

@@ -50,7 +50,6 @@ RESTART_DELAY = 1.0  # first back-off before a lost exporter is started (connect
 RESTART_DELAY_MAX = 60.0  # doubling up to this; reset once one has lived this long
 STOP_TIMEOUT = 5.0  # seconds the exporter gets after SIGTERM, before SIGKILL
 SEND_BUFFER = 1 << 20  # room for a snapshot of thousands of accounts (capped by wmem_max)
-CONNECT_TIMEOUT = 5.0  # seconds to reach vgpud-metrics.socket (systemd holds it: at once)
 LISTEN_BACKLOG = 16
 # systemd's words to the daemon alone: the exporter is no notifier nor watched.
 _DAEMON_ONLY = frozenset({"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS",
@@ -192,8 +191,8 @@ class _Link:
         self._conn = conn
         self._lost = lost
         self._started = time.monotonic()
-        socket.send_fds(conn, [HELLO], [listener.fileno()])
         conn.setblocking(False)
+        socket.send_fds(conn, [HELLO], [listener.fileno()])  # the first byte: room for it
         self._out: memoryview | None = None  # the frame being written
         self._next: bytes | None = None  # the one after it (replaced, never queued)
         self._writing = False
@@ -301,7 +300,9 @@ class _Remote(_Link):
     def __init__(self, listener: socket.socket, path: Path, lost: Lost) -> None:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            conn.settimeout(CONNECT_TIMEOUT)
+            # Never waits: a unix socket is connected at once or refuses
+            # (EAGAIN when its backlog is full), and the loop serves upcalls.
+            conn.setblocking(False)
             conn.connect(str(path))
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
             super().__init__(conn, listener, lost)
