@@ -27,7 +27,7 @@ from pathlib import Path
 import click
 
 from vgpud.fsview.mountfd import mount, umount_detach
-from vgpud.host.systemd import listen_unix, passed_socket
+from vgpud.host.systemd import listen_unix, passed_socket, peer_uid
 from vgpud.store.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
 
 __all__ = ["main", "mount_data", "parse_request", "serve_connection"]
@@ -64,11 +64,6 @@ def mount_data(fd: int) -> str:
     return f"fd={fd},rootmode=40000,user_id=0,group_id=0,default_permissions,allow_other"
 
 
-def _peer_uid(conn: socket.socket) -> int:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
-
-
 def _receive(conn: socket.socket) -> tuple[bytes, list[int]]:
     data, ancdata, _, _ = conn.recvmsg(REQUEST_MAX, socket.CMSG_SPACE(4 * 4))
     fds: list[int] = []
@@ -97,7 +92,7 @@ def _mountpoint(config_path: Path) -> Path:
 def _handle(conn: socket.socket, config_path: Path) -> str:
     data, fds = _receive(conn)
     try:
-        uid = _peer_uid(conn)
+        uid = peer_uid(conn)
         if uid != 0:
             raise Refused(f"uid {uid} is not root")
         verb = parse_request(data, fds)

@@ -1,4 +1,5 @@
-"""systemd's service protocol: sd_notify(3) states and the watchdog interval."""
+"""systemd's service protocol: sd_notify(3) states, the watchdog interval, and
+the sockets it passes to the helpers (and whose peer they check)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import contextlib
 import logging
 import os
 import socket
+import struct
 
-__all__ = ["SD_LISTEN_FDS_START", "Notifier", "listen_unix", "passed_socket", "watchdog_interval"]
+__all__ = ["SD_LISTEN_FDS_START", "Notifier", "listen_unix", "passed_socket", "peer_uid",
+           "watchdog_interval"]
 
 log = logging.getLogger("vgpud")
 
@@ -55,6 +58,12 @@ def passed_socket(what: str) -> socket.socket:
     if os.environ.get("LISTEN_FDS") != "1" or os.environ.get("LISTEN_PID") != str(os.getpid()):
         raise LookupError(f"no {what} from systemd (LISTEN_FDS): use --listen")
     return socket.socket(fileno=SD_LISTEN_FDS_START)
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The uid of the process at the other end of a unix socket (SO_PEERCRED)."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
 
 
 def listen_unix(path: str) -> socket.socket:

@@ -25,7 +25,6 @@ import selectors
 import signal
 import socket
 import socketserver
-import struct
 import sys
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -34,7 +33,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from vgpud.host.systemd import passed_socket
+from vgpud.host.systemd import passed_socket, peer_uid
 from vgpud.metrics.families import families
 from vgpud.metrics.listen import REQUEST_TIMEOUT
 from vgpud.metrics.snapshot import Snapshot
@@ -142,21 +141,21 @@ def receive_listener(conn: socket.socket) -> socket.socket:
     return listener
 
 
-def serve(listener: socket.socket, pipe_fd: int, timeout: float) -> None:
-    """Until end of stream on ``pipe_fd``, the daemon's connection."""
+def serve(listener: socket.socket, conn_fd: int, timeout: float) -> None:
+    """Until end of stream on ``conn_fd``, the daemon's connection."""
     exporter = Exporter()
     server = _Server(listener, exporter, timeout)
     listener.setblocking(False)  # accept is polled: a connection gone meanwhile is no hang
-    os.set_blocking(pipe_fd, False)
+    os.set_blocking(conn_fd, False)
     with selectors.DefaultSelector() as sel:
-        sel.register(pipe_fd, selectors.EVENT_READ)
+        sel.register(conn_fd, selectors.EVENT_READ)
         while True:
             if exporter.snapshot is not None and listener.fileno() not in sel.get_map():
                 sel.register(listener, selectors.EVENT_READ)
             ready = {key.fd for key, _ in sel.select()}
             while True:  # frames first: a scrape after a refresh sees its snapshot
                 try:
-                    data = os.read(pipe_fd, _READ_SIZE)
+                    data = os.read(conn_fd, _READ_SIZE)
                 except BlockingIOError:
                     break
                 if not data:
@@ -174,11 +173,6 @@ def _die_with_parent() -> None:
                     os.strerror(ctypes.get_errno()))
 
 
-def _peer_uid(conn: socket.socket) -> int:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", creds)[1])
-
-
 def _connection(conn_fd: int | None, daemon_pid: int | None) -> socket.socket | None:
     """The daemon's connection; None when the daemon is already gone."""
     if conn_fd is not None:
@@ -192,7 +186,7 @@ def _connection(conn_fd: int | None, daemon_pid: int | None) -> socket.socket | 
                 return None
         return socket.socket(fileno=conn_fd)
     conn = passed_socket("connection")
-    if (uid := _peer_uid(conn)) != 0:
+    if (uid := peer_uid(conn)) != 0:
         conn.close()
         raise ProtocolError(f"the peer is uid {uid}, not root")
     return conn

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import click
 
-from vgpud.host.systemd import listen_unix, passed_socket
+from vgpud.host.systemd import listen_unix, passed_socket, peer_uid
 from vgpud.probes.bcc_probes import (
     LatencyProbes,
     Probes,
@@ -128,11 +128,6 @@ class Session:
             self.probes.close()
             self.probes = None
             log.info("detached")
-
-
-def peer_uid(conn: socket.socket) -> int:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
 
 
 def _recv_exact(conn: socket.socket, n: int) -> bytes | None:
