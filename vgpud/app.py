@@ -40,6 +40,7 @@ from vgpud.cdi.keeper import SpecKeeper
 from vgpud.core.groups import GroupTracker
 from vgpud.core.ledger import Ledger
 from vgpud.core.observers import Observer, Topic
+from vgpud.fsview.peaks import PEAKS_FILE
 from vgpud.host.cgroups import CgroupPaths
 from vgpud.host.inventory import GpuInfo, discover
 from vgpud.kernel.channel import ChannelError, GenlChannel
@@ -320,8 +321,9 @@ class App:
             log.error("file view not mounted: %s (Debian: apt-get install libfuse3-3)", exc)
             return
         bus_ids = {gpu.number: gpu.bus_id for gpu in self.inventory if gpu.bus_id}
+        peaks = self.manager.config.daemon.charges_path.parent / PEAKS_FILE
         fs = module.FsView(self.manager, self.quota.ledger, self.scheduler,
-                           self.manager.config.fs, bus_ids=bus_ids)
+                           self.manager.config.fs, bus_ids=bus_ids, peaks_path=peaks)
         self.subscriptions.add(self.manager.observers, fs)
         self.subscriptions.add(self.scheduler.observers, fs)
         if await fs.start(channel.list_contexts):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import errno
+import json
 import os
 import shutil
 import signal
@@ -54,11 +55,12 @@ class Shares:
 class Served:
     """FsView over ``manager``, its event loop in a thread (as the daemon's)."""
 
-    def __init__(self, manager: Manager, mountpoint: Path) -> None:
+    def __init__(self, manager: Manager, mountpoint: Path, peaks: Path | None = None) -> None:
         self.manager = manager
         self.mountpoint = mountpoint
         self.loop = asyncio.new_event_loop()
-        self.view = FsView(manager, manager._ledger, Shares(), FsSettings(mountpoint=mountpoint))
+        self.view = FsView(manager, manager._ledger, Shares(), FsSettings(mountpoint=mountpoint),
+                           peaks_path=peaks)
         manager.observers.subscribe(self.view)
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
@@ -170,6 +172,40 @@ def test_usage_peak_and_contexts_follow_the_ledger(served: Served) -> None:
         "nvidia/gpu0/vidmem 0\nnvidia/gpu1/vidmem 0\n")
     assert served.path("alice", "dmem.peak").read_text() == (
         "nvidia/gpu0/vidmem 12345\nnvidia/gpu1/vidmem 0\n")
+
+
+def test_the_peaks_outlive_a_restart(tmp_path: Path, public: Path) -> None:
+    """A daemon restart keeps dmem.peak as it keeps the charges: saved at
+    stop, loaded at start; a tenant gone from the config is not kept."""
+    peaks = tmp_path / "fs-peaks.json"
+    config = write_config(tmp_path, admin_group=ADMIN_GROUP)
+    first = Served(make_manager(config), public / "fs", peaks)
+    try:
+        ledger, manager = first.manager._ledger, first.manager
+
+        def allocate() -> None:
+            manager.open_context(1, "alice")
+            reservation = ledger.reserve(1, 1, 4096)
+            assert isinstance(reservation, Reservation)
+            ledger.commit(reservation, Key(1, 2))
+            manager.usage_changed("alice")
+            manager.close_context(1)
+
+        first.call(allocate)
+        assert first.path("alice", "dmem.current").read_text().endswith("vidmem 0\n")
+    finally:
+        first.close()
+    saved = json.loads(peaks.read_text())
+    assert saved["alice"] == [0, 4096] and oct(peaks.stat().st_mode) == "0o100600"
+    saved["gone"] = [1, 2]
+    peaks.write_text(json.dumps(saved))
+    second = Served(make_manager(config), public / "fs", peaks)
+    try:
+        assert second.path("alice", "dmem.peak").read_text() == (
+            "nvidia/gpu0/vidmem 0\nnvidia/gpu1/vidmem 4096\n")
+    finally:
+        second.close()
+    assert "gone" not in json.loads(peaks.read_text())
 
 
 def test_root_write_goes_through_the_manager(served: Served, tmp_path: Path) -> None:

@@ -6,7 +6,9 @@ and schedules one rebuild (call_soon: a burst of upcalls costs one rebuild
 of the tenants it touched); the contexts (pid, tgid, uid from the module's
 LIST_CONTEXTS, bytes from the ledger) are refreshed at most every
 CONTEXTS_INTERVAL while they change. ``dmem.peak`` is the highest
-charged + reserved seen at each usage notification since the daemon started.
+charged + reserved seen at each usage notification; with ``peaks_path`` the
+peaks are loaded at start and saved every PEAKS_INTERVAL while they rise and
+at stop (vgpud.fsview.peaks), so a daemon restart keeps them.
 
 Writes come from the FUSE thread (run_coroutine_threadsafe) and wait at most
 WRITE_TIMEOUT for Manager.update_tenant on the loop: the same validation,
@@ -58,6 +60,7 @@ from vgpud.fsview.mountfd import (
     umount_detach,
 )
 from vgpud.fsview.ops import FileView
+from vgpud.fsview.peaks import load_peaks, save_peaks
 from vgpud.fsview.snapshot import ContextView, GpuView, Snapshot, TenantView, device_name
 from vgpud.kernel.uapi import Context, Node
 from vgpud.store.config import FsSettings
@@ -70,6 +73,7 @@ log = logging.getLogger(__name__)
 logging.getLogger("fuse").setLevel(logging.INFO)
 
 CONTEXTS_INTERVAL = 1.0  # seconds between context refreshes, while they change
+PEAKS_INTERVAL = 5.0  # seconds between saves of risen peaks (a SIGKILL loses these)
 WRITE_TIMEOUT = 5.0
 MOUNT_TIMEOUT = 10.0
 STOP_TIMEOUT = 5.0
@@ -97,11 +101,13 @@ def proc_groups(pid: int) -> tuple[int, ...] | None:
 
 class FsView:
     """The file view of ``manager`` (see the module doc). ``bus_ids``: GPU
-    index -> PCI bus id, for the dmem region names."""
+    index -> PCI bus id, for the dmem region names. ``peaks_path``: where
+    the peaks are kept across restarts (None: from this start on)."""
 
     def __init__(self, manager: Manager, ledger: Ledger, shares: Shares, settings: FsSettings,
                  *, helper_socket: Path = HELPER_SOCKET,
-                 bus_ids: Mapping[int, str] | None = None) -> None:
+                 bus_ids: Mapping[int, str] | None = None,
+                 peaks_path: Path | None = None) -> None:
         self.manager = manager
         self.settings = settings
         self._ledger = ledger
@@ -112,6 +118,10 @@ class FsView:
         self._dirty: set[str] | None = None  # None: everything
         self._scheduled = False
         self._peaks: dict[str, tuple[int, ...]] = {}
+        self._peaks_path = peaks_path
+        self._peaks_saved: dict[str, tuple[int, ...]] = {}
+        self._peaks_failing = False
+        self._saver: asyncio.Task[None] | None = None
         self._contexts: dict[str, tuple[ContextView, ...]] = {}
         self._contexts_dirty = True
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -143,6 +153,9 @@ class FsView:
     async def start(self, list_contexts: ListContexts | None = None) -> bool:
         """Mount and serve; False (logged) when the view cannot be mounted."""
         self._loop = asyncio.get_running_loop()
+        if self._peaks_path is not None:
+            self._peaks_saved = await asyncio.to_thread(load_peaks, self._peaks_path)
+            self._peaks.update(self._peaks_saved)
         self._publish()
         try:
             mountpoint, where = await asyncio.to_thread(self._mount)
@@ -163,15 +176,19 @@ class FsView:
         self.mountpoint = where
         if list_contexts is not None:
             self._refresher = asyncio.create_task(self._refresh_contexts(list_contexts))
+        if self._peaks_path is not None:
+            self._saver = asyncio.create_task(self._save_peaks_every(PEAKS_INTERVAL))
         log.info("file view at %s", where)
         return True
 
     async def stop(self) -> None:
-        if self._refresher is not None:
-            self._refresher.cancel()
-            with suppress(asyncio.CancelledError):
-                await self._refresher
-            self._refresher = None
+        for task in (self._refresher, self._saver):
+            if task is not None:
+                task.cancel()
+                with suppress(asyncio.CancelledError):
+                    await task
+        self._refresher = self._saver = None
+        await self.save_peaks()
         thread, ops, where = self._thread, self._ops, self.mountpoint
         if thread is None or ops is None:
             return
@@ -306,6 +323,28 @@ class FsView:
             map(max, old, current))
         self._peaks[name] = peak
         return peak
+
+    async def save_peaks(self) -> None:
+        """Put the live tenants' peaks on file, when they changed (in a thread)."""
+        if self._peaks_path is None or self._loop is None:
+            return
+        live = {t.name for t in self.manager.tenants}
+        peaks = {name: peak for name, peak in self._peaks.items() if name in live}
+        if peaks == self._peaks_saved:
+            return
+        try:
+            await asyncio.to_thread(save_peaks, self._peaks_path, peaks)
+        except OSError as exc:
+            if not self._peaks_failing:  # once, not every PEAKS_INTERVAL
+                log.warning("file view: cannot save the peaks in %s: %s", self._peaks_path, exc)
+            self._peaks_failing = True
+            return
+        self._peaks_saved, self._peaks_failing = peaks, False
+
+    async def _save_peaks_every(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            await self.save_peaks()
 
     async def _refresh_contexts(self, list_contexts: ListContexts) -> None:
         while True:
