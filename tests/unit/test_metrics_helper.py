@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.aio import until
 from tests.unit.test_metrics_service import Figures, get, module_counters, values
 from vgpud.metrics.service import MetricsService
 from vgpud.metrics.wire import HELLO, encode, frame
@@ -65,13 +66,6 @@ def activator(tmp_path: Path) -> Iterator[Activator]:
         a.stop()
 
 
-async def wait_for(what: str, predicate: object, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
 def test_served_by_the_socket_activated_exporter(activator: Activator) -> None:
     """The daemon's side connects once; the exporter systemd started serves
     the port the daemon bound, with its snapshots; stop() ends it."""
@@ -84,7 +78,7 @@ def test_served_by_the_socket_activated_exporter(activator: Activator) -> None:
         assert metrics.address is not None
         url = f"http://127.0.0.1:{metrics.address[1]}/metrics"
         try:
-            await wait_for("an exporter", lambda: len(activator.exporters()) == 1)
+            await until("an exporter", lambda: len(activator.exporters()) == 1)
             (pid,) = activator.exporters()
             await asyncio.sleep(0)  # the refresh task's first round
             assert values((await asyncio.to_thread(get, url))[1],
@@ -95,7 +89,7 @@ def test_served_by_the_socket_activated_exporter(activator: Activator) -> None:
             assert status == 200 and values(body, "vgpud_memory_used_bytes") == {"t": 8192}
         finally:
             await metrics.stop()
-        await wait_for("its exit at end of stream", lambda: pid not in activator.exporters())
+        await until("its exit at end of stream", lambda: pid not in activator.exporters())
 
     asyncio.run(asyncio.wait_for(main(), 60))
     assert "ERROR" not in activator.stop()
@@ -115,10 +109,10 @@ def test_a_lost_exporter_is_connected_again(activator: Activator,
         assert metrics.start() and metrics.address is not None
         url = f"http://127.0.0.1:{metrics.address[1]}/metrics"
         try:
-            await wait_for("an exporter", lambda: len(activator.exporters()) == 1)
+            await until("an exporter", lambda: len(activator.exporters()) == 1)
             (first,) = activator.exporters()
             os.kill(first, signal.SIGKILL)
-            await wait_for("the loss seen", lambda: metrics.exporter is None)
+            await until("the loss seen", lambda: metrics.exporter is None)
             figures.used = 4096
             await metrics.refresh()  # kept for the next one
             status, body = await asyncio.to_thread(get, url)  # waits in the backlog
@@ -146,7 +140,7 @@ def test_an_unreachable_helper_is_logged_and_tried_again(
         try:
             assert metrics.exporter is None
             activator = Activator(path)
-            await wait_for("a connection", lambda: metrics.exporter is not None)
+            await until("a connection", lambda: metrics.exporter is not None)
             status, body = await asyncio.to_thread(
                 get, f"http://127.0.0.1:{metrics.address[1]}/metrics")
             assert status == 200 and values(body, "vgpud_memory_used_bytes") == {"t": 0}

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.aio import until
 from tests.support.daemon_world import World, inventory, write_config
 from tests.support.fakekernel import make_stats, make_stats4, post_event_msg, upcall_msg
 from tests.support.procstat import proc_state
@@ -101,7 +102,8 @@ def test_serves_the_latest_snapshot_from_a_child_process(
             assert pid != os.getpid() and parent_of(pid) == os.getpid()
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             assert not [v for v in environ if v.startswith(b"NOTIFY_SOCKET=")]
-            await wait_nice(pid, os.getpriority(os.PRIO_PROCESS, 0) + NICE)
+            want = os.getpriority(os.PRIO_PROCESS, 0) + NICE  # it lowers itself first
+            await until(f"nice {want}", lambda: os.getpriority(os.PRIO_PROCESS, pid) == want)
             await asyncio.sleep(0)  # the refresh task's first round
             figures.used = 4096
             status, first = await asyncio.to_thread(get, url)
@@ -122,14 +124,6 @@ def test_serves_the_latest_snapshot_from_a_child_process(
                                      timeout=1)
 
     asyncio.run(asyncio.wait_for(main(), 30))
-
-
-async def wait_nice(pid: int, want: int) -> None:
-    """Until the child has lowered its priority to ``want`` (it does so first)."""
-    deadline = time.monotonic() + 20
-    while os.getpriority(os.PRIO_PROCESS, pid) != want:
-        assert time.monotonic() < deadline, os.getpriority(os.PRIO_PROCESS, pid)
-        await asyncio.sleep(0.02)
 
 
 def parent_of(pid: int) -> int:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.aio import until
 from tests.support.bus import PrivateBus
 from tests.support.daemon_world import World, inventory, write_config
 from tests.support.fakekernel import make_stats
@@ -40,14 +41,6 @@ def refused(port: int) -> bool:
     except OSError:
         return True
     return False
-
-
-async def until(what: str, ok: Callable[[], bool], timeout: float = 20) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not ok():
-        assert loop.time() < deadline, f"timed out: {what}"
-        await asyncio.sleep(0.02)
 
 
 def run_daemon(tmp_path: Path, extra: str, dbus: str,

@@ -262,8 +262,8 @@ class _Child(_Link):
             theirs.close()
         self.pid = self._proc.pid
         try:
-            self._pidfd = os.pidfd_open(self.pid)
             super().__init__(ours, listener, lost)
+            self._pidfd = os.pidfd_open(self.pid)
         except OSError:
             ours.close()
             self._proc.kill()
@@ -272,8 +272,8 @@ class _Child(_Link):
         self._loop.add_reader(self._pidfd, self._on_exit)
 
     def _reap(self) -> int:
+        """Its exit status (it has exited); the pidfd closed."""
         os.close(self._pidfd)
-        self._close()
         return self._proc.wait()
 
     def _on_exit(self) -> None:
@@ -290,6 +290,7 @@ class _Child(_Link):
                 await asyncio.sleep(0.01)
             if self._proc.poll() is None:
                 self._proc.kill()
+        self._close()
         self._reap()
 
 
