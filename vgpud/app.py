@@ -9,10 +9,11 @@ below (vgpud.core.observers: subjects never subscribe anyone):
 
     Ledger       -> journal              (first: on file before anyone acts)
     GroupTracker -> journal, scheduler
+    QuotaPolicy  -> Manager              (contexts and usage, told on as TenantChanged),
+                    D-Bus service, metrics' DeniedCounts ([metrics] enabled)
     Manager      -> scheduler, App (a reload's changed sections),
-                    D-Bus service, CDI spec keeper,
-                    metrics' DeniedCounts ([metrics] enabled)
-    scheduler    -> D-Bus service        (shares)
+                    D-Bus service, CDI spec keeper, file view
+    scheduler    -> D-Bus service, file view  (shares)
 
 The D-Bus service's two, and the CDI spec keeper's (vgpud.cdi: its hook calls
 the D-Bus API), are made when it starts. ``App`` runs what the upcall
@@ -142,6 +143,7 @@ def build_quota(config_path: Path | None = None, dbus: str = "try",
         subs.add(ledger.observers, journal)
         subs.add(tracker.observers, journal)
     subs.add(tracker.observers, scheduler)
+    subs.add(quota.observers, manager)
     subs.add(manager.observers, scheduler)
     subs.add(manager.observers, app)
     if config.metrics.enabled:
@@ -228,6 +230,7 @@ class App:
             log.warning("%s; running without it", text)
             return True
         self._bus, self.service = bus, service
+        self.subscriptions.add(self.quota.observers, service)
         self.subscriptions.add(self.manager.observers, service)
         self.subscriptions.add(self.scheduler.observers, service)
         log.info("admin API %s on the system bus", BUS_NAME)
@@ -273,7 +276,7 @@ class App:
             from vgpud.metrics.sources import DeniedCounts
 
             self.denied = DeniedCounts()
-            self.subscriptions.add(self.manager.observers, self.denied)
+            self.subscriptions.add(self.quota.observers, self.denied)
         return self.denied
 
     async def start_metrics(self, dispatcher: Dispatcher, channel: GenlChannel) -> None:

@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run as a script: tests.support on the path
 
+from tests.support.contexts import open_context, usage_changed  # noqa: E402
 from tests.support.vgpud_proc import Daemon  # noqa: E402
 from vgpud.admin.manager import Manager  # noqa: E402
 from vgpud.core.ledger import Key, Ledger, Reservation  # noqa: E402
@@ -97,15 +98,15 @@ async def churn(manager: Manager, ledger: Ledger, stop: asyncio.Event) -> int:
     """Move the tenants' usage as upcalls do, yielding to the loop between them."""
     n = 0
     for i in range(TENANTS):
-        manager.open_context(i + 1, f"t{i}")
+        open_context(manager, ledger, i + 1, f"t{i}")
     while not stop.is_set():
         for i in range(TENANTS):
             r = ledger.reserve(i + 1, 0, 1 << 20)
             assert isinstance(r, Reservation)
             ledger.commit(r, Key(i + 1, n + 1))
-            manager.usage_changed(f"t{i}")
+            usage_changed(manager, f"t{i}")
             ledger.free(Key(i + 1, n + 1))
-            manager.usage_changed(f"t{i}")
+            usage_changed(manager, f"t{i}")
             n += 1
             await asyncio.sleep(0)
     return n

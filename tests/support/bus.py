@@ -29,6 +29,8 @@ from vgpud.admin.client import AdminClient
 from vgpud.admin.dbus import AdminService
 from vgpud.admin.manager import Manager
 from vgpud.core.ledger import Ledger
+from vgpud.core.observers import Topic
+from vgpud.policy.events import QuotaEvent
 from vgpud.store.config import load_config
 from vgpud.store.state import load_state
 
@@ -128,6 +130,7 @@ class ServiceThread:
         self.manager = manager
         self.scheduler = scheduler
         self.probes = probes
+        self.quota: Topic[QuotaEvent] = Topic()  # what the quota policy would publish
         self._loop = asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
         self._started: Future[None] = Future()
@@ -165,11 +168,13 @@ class ServiceThread:
             service = AdminService(self.manager, bus, self.scheduler, self.probes)
             await service.start()
             self.manager.observers.subscribe(service)  # as vgpud.app does
+            self.quota.subscribe(service)
             if self.scheduler is not None:
                 self.scheduler.observers.subscribe(service)
             self._started.set_result(None)
             await self._stop.wait()
             self.manager.observers.unsubscribe(service)
+            self.quota.unsubscribe(service)
             service.close()
         finally:
             bus.disconnect()

@@ -15,12 +15,13 @@ from tests.support.fakekernel import (
     upcall_msg,
 )
 from vgpud.admin.manager import Manager
-from vgpud.core.ledger import Ledger
+from vgpud.core.ledger import Denied, Ledger
 from vgpud.kernel import codec
 from vgpud.kernel.uapi import ALLOW, VERDICT_F_POST, UpcallKind, Verdict, VerdictAction
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Escape
 from vgpud.policy.dispatch import Dispatcher
+from vgpud.policy.events import QuotaEvent, QuotaExceeded
 from vgpud.policy.quota import QuotaPolicy
 from vgpud.store.config import parse_config
 from vgpud.store.journal import ChargeAndGroupJournal, Identity
@@ -62,8 +63,7 @@ class World:
         self.processes: dict[int, int] = {}  # pid -> start (clock ticks), for bindings
         self.manager = Manager(tmp / "vgpud.toml", config, RuntimeState(), self.ledger, GPUS,
                                process_start=self.processes.get, boot_id="boot-1")
-        self.denied: list = []
-        self.manager.quota_exceeded = self.denied.append  # type: ignore[method-assign]
+        self.denied: list[Denied] = []
         self.cgroups: dict[int, str] = {}
         self.journal = None if journal is None else ChargeAndGroupJournal.resume(
             journal, self.ledger, Identity("boot", "vgpu"))
@@ -73,10 +73,16 @@ class World:
         # driver-truth path has tests of its own, tests/unit/test_truth.py).
         self.policy = QuotaPolicy(self.manager, self.ledger, cgroup_path=self.cgroups.get,
                                   truth=truth)
+        self.policy.observers.subscribe(self.manager)
+        self.policy.observers.subscribe(self)
         self.d = Dispatcher(self.policy)
         self.ids = itertools.count(1)
         self.handles = itertools.count(0x1000)
         self.uids: dict[int, int] = {}
+
+    def notify(self, event: QuotaEvent) -> None:
+        if isinstance(event, QuotaExceeded):
+            self.denied.append(event.denied)
 
     # -- raw messages --
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.bus import make_manager, write_config
+from tests.support.contexts import close_context, open_context, usage_changed
 from vgpud.admin.manager import Manager
 from vgpud.cdi import files
 from vgpud.cdi.files import SpecFile, this_hook
@@ -136,9 +137,9 @@ def test_usage_limits_and_bindings_leave_the_file_alone(manager: Manager, keeper
     path.write_text("sentinel")  # any rewrite would replace it
     manager.update_tenant("alice", {"memory": "1GiB", "weight": 7})
     manager.bind(4242, "alice")
-    manager.open_context(1, "alice")
-    manager.usage_changed("alice")
-    manager.close_context(1)
+    open_context(manager, manager._ledger, 1, "alice")
+    usage_changed(manager, "alice")
+    close_context(manager, manager._ledger, 1)
     assert path.read_text() == "sentinel"
 
 

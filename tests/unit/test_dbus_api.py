@@ -24,10 +24,12 @@ from tests.support.bus import (
     properties_changed,
     write_config,
 )
+from tests.support.contexts import open_context
 from vgpud.admin.auth import Caller, is_admin
 from vgpud.admin.client import AdminClient
 from vgpud.admin.dbus import introspection_xml, tenant_path
 from vgpud.core.ledger import Denied
+from vgpud.policy.events import QuotaExceeded
 
 T = TypeVar("T")
 
@@ -182,7 +184,7 @@ def test_bad_requests_change_nothing(
 
 
 def test_busy_tenant(service: ServiceThread) -> None:
-    service.call(service.manager.open_context, 1, "alice")
+    service.call(open_context, service.manager, service.manager._ledger, 1, "alice")
     assert tenant("alice")["Contexts"] == 1
     with pytest.raises(DBusError) as raised:
         call("DeleteTenant", "s", "alice")
@@ -274,7 +276,7 @@ def test_quota_exceeded_and_tenant_signals(service: ServiceThread) -> None:
         await add_match(client, "type='signal',sender='org.vgpud1',"
                                 "interface='org.vgpud1.Manager'")
         for _ in range(3):  # one signal per (tenant, GPU) and second
-            service.call(service.manager.quota_exceeded, denied)
+            service.call(service.quota.notify, QuotaExceeded(denied))
         await client.call("CreateTenant", "sa{sv}", "carol", {})
         await client.call("DeleteTenant", "s", "carol")
         return [await asyncio.wait_for(received.get(), 5) for _ in range(3)]

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import pytest
 
 from tests.support.bus import make_manager, write_config
+from tests.support.contexts import close_context, open_context, usage_changed
 from tests.support.workloads import writes
 from vgpud.admin.manager import Manager
 from vgpud.core.ledger import Key, Reservation
@@ -155,11 +156,11 @@ def test_usage_peak_and_contexts_follow_the_ledger(served: Served) -> None:
     ledger, manager = served.manager._ledger, served.manager
 
     def allocate(size: int) -> None:
-        manager.open_context(1, "alice")
+        open_context(manager, ledger, 1, "alice")
         reservation = ledger.reserve(1, 0, size)
         assert isinstance(reservation, Reservation)
         ledger.commit(reservation, Key(1, 2))
-        manager.usage_changed("alice")
+        usage_changed(manager, "alice")
 
     served.call(allocate, 12345)
     assert served.path("alice", "dmem.current").read_text() == (
@@ -167,7 +168,7 @@ def test_usage_peak_and_contexts_follow_the_ledger(served: Served) -> None:
     live = [Context(1, 0, Node.GPU, 0, 500, 499, 1000, 1000)]
     assert context_views(ledger, live) == {"alice": (ContextView(1, 500, 499, 1000, 0, 12345),)}
     assert context_views(ledger, []) == {"alice": (ContextView(1, None, None, None, None, 12345),)}
-    served.call(manager.close_context, 1)
+    served.call(close_context, manager, ledger, 1)
     assert served.path("alice", "dmem.current").read_text() == (
         "nvidia/gpu0/vidmem 0\nnvidia/gpu1/vidmem 0\n")
     assert served.path("alice", "dmem.peak").read_text() == (
@@ -184,12 +185,12 @@ def test_the_peaks_outlive_a_restart(tmp_path: Path, public: Path) -> None:
         ledger, manager = first.manager._ledger, first.manager
 
         def allocate() -> None:
-            manager.open_context(1, "alice")
+            open_context(manager, ledger, 1, "alice")
             reservation = ledger.reserve(1, 1, 4096)
             assert isinstance(reservation, Reservation)
             ledger.commit(reservation, Key(1, 2))
-            manager.usage_changed("alice")
-            manager.close_context(1)
+            usage_changed(manager, "alice")
+            close_context(manager, ledger, 1)
 
         first.call(allocate)
         assert first.path("alice", "dmem.current").read_text().endswith("vidmem 0\n")

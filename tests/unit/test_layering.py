@@ -6,12 +6,15 @@ so an import hidden in a dependency counts as much as one written here.
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+VGPUD = Path(__file__).resolve().parents[2] / "vgpud"
 # Modules that do I/O of their own (event loops, processes, buses, kernels).
 IO_MODULES = ("asyncio", "subprocess", "dbus_fast", "pyroute2", "bcc", "pynvml", "mfusepy")
 # vgpud's rooms with sockets, files or the clock.
@@ -66,3 +69,35 @@ def test_cli_reaches_the_daemon_only_over_dbus() -> None:
                               "vgpud.store", "vgpud.sched", "vgpud.app", "vgpud.daemon",
                               "vgpud.admin.manager", "vgpud.admin.dbus",
                               "vgpud.probes.bcc_probes", "vgpud.probes.service")) == []
+
+
+def imported_by(room: str) -> dict[str, set[str]]:
+    """vgpud module -> the vgpud modules its source imports, under
+    TYPE_CHECKING and inside functions too (what a reader follows, not only
+    what Python loads)."""
+    found: dict[str, set[str]] = {}
+    for path in sorted((VGPUD / room).rglob("*.py")):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.add(node.module)
+        module = ".".join(path.relative_to(VGPUD.parent).with_suffix("").parts)
+        found[module] = {n for n in names if n == "vgpud" or n.startswith("vgpud.")}
+    return found
+
+
+# Rooms that decide, and the rooms above them they must not know of: deciding
+# never calls, waits on or types against the admin side (vgpud.app wires the
+# policy's events to it), the store, the host or the adapters.
+ABOVE_DECIDING = ("vgpud.admin", "vgpud.app", "vgpud.daemon", "vgpud.sched", "vgpud.store",
+                  "vgpud.host", "vgpud.metrics", "vgpud.fsview", "vgpud.cdi", "vgpud.probes",
+                  "vgpud.cli", "vgpud.kernel.channel")
+
+
+@pytest.mark.parametrize("room", ["policy", "core", "nvidia"])
+def test_deciding_never_imports_the_rooms_above_it(room: str) -> None:
+    wrong = {module: sorted(offenders(names, ABOVE_DECIDING))
+             for module, names in imported_by(room).items()}
+    assert {m: names for m, names in wrong.items() if names} == {}

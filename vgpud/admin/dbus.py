@@ -44,7 +44,6 @@ from vgpud.admin.manager import (
     Manager,
     ManagerEvent,
     NoSuchTenant,
-    QuotaExceeded,
     SettingsChanged,
     TenantBusy,
     TenantChanged,
@@ -60,6 +59,7 @@ from vgpud.admin.names import (
 )
 from vgpud.core.ledger import Denied
 from vgpud.core.shares import SharesChanged
+from vgpud.policy.events import QuotaEvent, QuotaExceeded
 from vgpud.probes.histograms import Histogram
 
 __all__ = ["BUS_NAME", "MANAGER_PATH", "AdminService", "introspection_xml", "tenant_path"]
@@ -445,7 +445,8 @@ class TenantInterface(ServiceInterface):
 
 class AdminService:
     """Exports the manager on a bus and keeps the exported objects current: it
-    observes the Manager and the scheduler (``notify``)."""
+    observes the Manager, the quota policy (refusals) and the scheduler
+    (``notify``)."""
 
     def __init__(self, manager: Manager, bus: MessageBus,
                  scheduler: Shares | None = None, probes: Latency | None = None) -> None:
@@ -492,9 +493,9 @@ class AdminService:
                 f"changing vgpud needs root or group {admin_group!r} (caller uid {uid})",
             )
 
-    # --- what it observes: the Manager and the scheduler ---
+    # --- what it observes: the Manager, the quota policy and the scheduler ---
 
-    def notify(self, event: ManagerEvent | SharesChanged) -> None:
+    def notify(self, event: ManagerEvent | QuotaEvent | SharesChanged) -> None:
         match event:
             case TenantsChanged(added, removed):
                 self._tenants_changed(added, removed)

@@ -3,13 +3,13 @@
 Every mutation validates first, persists the new runtime state atomically
 (save_state), and only then applies it, so a change that fails changes
 nothing. Its observers (the D-Bus service, the scheduler, the App) hear what
-changed: TenantsChanged, TenantChanged, SettingsChanged, SectionsChanged and
-QuotaExceeded.
+changed: TenantsChanged, TenantChanged, SettingsChanged and SectionsChanged.
 
 The ledger holds one account per (tenant, GPU) of the inventory; its limit is
 what the tenant may hold there (Tenant.limit_for), 0 on GPUs the tenant may
-not use. The daemon opens and closes contexts through the manager (so that it
-can count them) and tells it when usage moved or an allocation was denied.
+not use. The quota policy opens and closes the ledger's contexts and charges
+them; the Manager hears of it as one of the policy's observers
+(vgpud.policy.events) and tells its own as TenantChanged.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ from types import MappingProxyType
 
 from pydantic import ValidationError
 
-from vgpud.core.ledger import Denied, Freed, Ledger, UnknownTenant, Usage
+from vgpud.core.ledger import Ledger, UnknownTenant, Usage
 from vgpud.core.observers import Topic
 from vgpud.core.tenants import Binding, CgroupBinding, Tenant, validate_name
 from vgpud.host import processes
+from vgpud.policy.events import ContextClosed, ContextOpened, QuotaEvent, UsageChanged
 from vgpud.store.config import Config, ConfigError, describe, load_config
 from vgpud.store.state import (
     CHANGEABLE,
@@ -46,7 +47,6 @@ __all__ = [
     "Manager",
     "ManagerEvent",
     "NoSuchTenant",
-    "QuotaExceeded",
     "SectionsChanged",
     "SettingsChanged",
     "TenantBusy",
@@ -148,14 +148,7 @@ class SectionsChanged:
 SERVICE_SECTIONS = ("metrics", "cdi", "fs", "probes")
 
 
-@dataclass(frozen=True, slots=True)
-class QuotaExceeded:
-    """Ledger.reserve answered Denied."""
-
-    denied: Denied
-
-
-ManagerEvent = TenantsChanged | TenantChanged | SettingsChanged | SectionsChanged | QuotaExceeded
+ManagerEvent = TenantsChanged | TenantChanged | SettingsChanged | SectionsChanged
 
 
 class Manager:
@@ -360,27 +353,18 @@ class Manager:
             raise InvalidConfig(str(e)) from e
         self._commit(self._state, config)
 
-    # --- events from the data path ---
+    # --- what the quota policy tells (vgpud.policy.events) ---
 
-    def open_context(self, ctx: int, tenant: str) -> None:
-        """A node was opened by a process resolved to `tenant` (Ledger.open)."""
-        self._ledger.open(ctx, tenant)
-        self._notify(tenant, {CONTEXTS})
-
-    def close_context(self, ctx: int) -> Freed:
-        """The file was closed (Ledger.close): its memory goes back."""
-        tenant = self._ledger.tenant_of(ctx)
-        freed = self._ledger.close(ctx)
-        self._notify(tenant, {CONTEXTS, USAGE})
-        return freed
-
-    def usage_changed(self, tenant: str) -> None:
-        """Call after reserve / commit / release / free moved the tenant's bytes."""
-        self._notify(tenant, {USAGE})
-
-    def quota_exceeded(self, denied: Denied) -> None:
-        """Call when Ledger.reserve answered Denied."""
-        self.observers.notify(QuotaExceeded(denied))
+    def notify(self, event: QuotaEvent, /) -> None:
+        """The policy moved a tenant's contexts or bytes: its observers hear
+        TenantChanged (a refusal is the policy's own observers' to hear)."""
+        match event:
+            case ContextOpened(tenant=tenant):
+                self._notify(tenant, {CONTEXTS})
+            case ContextClosed(tenant=tenant):
+                self._notify(tenant, {CONTEXTS, USAGE})
+            case UsageChanged(tenant):
+                self._notify(tenant, {USAGE})
 
     # --- helpers ---
 

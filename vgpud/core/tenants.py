@@ -13,7 +13,7 @@ from decimal import Decimal
 from enum import StrEnum
 from fractions import Fraction
 from types import MappingProxyType
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import (
     AfterValidator,
@@ -381,3 +381,32 @@ def resolve(
         if any(rule.matches(opener) for rule in tenant.match):
             return tenant.name
     return default
+
+
+class IndexedGpu(Protocol):
+    @property
+    def index(self) -> int: ...
+
+
+class TenantDirectory(Protocol):
+    """What deciding reads of the tenant set, and only reads: the admin side
+    (vgpud.admin.manager.Manager) serves it; the quota policy asks it per call."""
+
+    @property
+    def tenants(self) -> Sequence[Tenant]: ...
+
+    @property
+    def bindings(self) -> Mapping[int, Binding]: ...
+
+    @property
+    def default_tenant(self) -> str | None: ...
+
+    @property
+    def cgroup_bindings(self) -> Mapping[str, CgroupBinding]: ...
+
+    @property
+    def gpus(self) -> Sequence[IndexedGpu]:
+        """The inventory, in index order."""
+        ...
+
+    def cgroup_id_of(self, path: str) -> int | None: ...

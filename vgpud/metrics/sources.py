@@ -2,25 +2,26 @@
 
 from __future__ import annotations
 
-from vgpud.admin.manager import Manager, ManagerEvent, QuotaExceeded
+from vgpud.admin.manager import Manager
 from vgpud.core.ledger import Ledger
 from vgpud.kernel.channel import ChannelStats
 from vgpud.kernel.uapi import Stats, Stats4
 from vgpud.metrics.service import Collect
 from vgpud.metrics.snapshot import Snapshot, collect
 from vgpud.policy.dispatch import Dispatcher
+from vgpud.policy.events import QuotaEvent, QuotaExceeded
 from vgpud.sched.service import SchedulerService
 
 __all__ = ["DeniedCounts", "snapshot_source"]
 
 
 class DeniedCounts:
-    """Observes the Manager: allocations refused over quota, by (tenant, GPU)."""
+    """Observes the quota policy: allocations refused over quota, by (tenant, GPU)."""
 
     def __init__(self) -> None:
         self.counts: dict[tuple[str, int], int] = {}
 
-    def notify(self, event: ManagerEvent) -> None:
+    def notify(self, event: QuotaEvent) -> None:
         if type(event) is QuotaExceeded:
             key = (event.denied.tenant, event.denied.gpu)
             self.counts[key] = self.counts.get(key, 0) + 1

@@ -1,9 +1,10 @@
 """The quota policy: per-tenant GPU memory limits enforced on the upcall path.
 
 Sans-I/O: the Dispatcher hands it decoded upcalls and events and sends the
-verdicts it returns; it reads tenants and limits from the Manager (which owns
-the ledger's limits, so live changes need nothing here) and keeps the ledger's
-contexts, reservations, charges and object tree up to date.
+verdicts it returns; it reads tenants from a TenantDirectory (the admin side
+serves it and owns the ledger's limits, so live changes need nothing here),
+keeps the ledger's contexts, reservations, charges and object tree up to date,
+and publishes what changed (vgpud.policy.events) on ``observers``.
 
 Why it works this way: an allocation is reserved before the driver sees it
 (so two concurrent ones cannot pass on the same free bytes) and committed or
@@ -24,7 +25,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from vgpud.core.ledger import (
     Denied,
@@ -34,7 +34,16 @@ from vgpud.core.ledger import (
     Reservation,
     Usage,
 )
-from vgpud.core.tenants import ObjectLimits, Opener, Tenant, UvmPolicy, resolve, start_ticks
+from vgpud.core.observers import Topic
+from vgpud.core.tenants import (
+    ObjectLimits,
+    Opener,
+    Tenant,
+    TenantDirectory,
+    UvmPolicy,
+    resolve,
+    start_ticks,
+)
 from vgpud.kernel.codec import AbandonedEvent, CloseEvent, Event, PostEvent, Upcall
 from vgpud.kernel.cstruct import DecodeError
 from vgpud.kernel.uapi import (
@@ -89,6 +98,13 @@ from vgpud.nvidia.layouts import (
 )
 from vgpud.nvidia.pages import granule, page_round
 from vgpud.policy.base import Request
+from vgpud.policy.events import (
+    ContextClosed,
+    ContextOpened,
+    QuotaEvent,
+    QuotaExceeded,
+    UsageChanged,
+)
 from vgpud.policy.handles import name_handle, new_handle, with_handle
 from vgpud.policy.rules import (
     rm_alloc_any,
@@ -103,9 +119,6 @@ from vgpud.policy.rules import (
     rm_vid_heap,
     uvm_cmds,
 )
-
-if TYPE_CHECKING:  # the policy calls the admin model; it needs none of its store
-    from vgpud.admin.manager import Manager
 
 __all__ = ["QuotaPolicy"]
 
@@ -238,7 +251,7 @@ class QuotaPolicy:
 
     def __init__(
         self,
-        manager: Manager,
+        directory: TenantDirectory,
         ledger: Ledger,
         *,
         cgroup_path: Callable[[int], str | None] | None = None,
@@ -248,8 +261,9 @@ class QuotaPolicy:
         POST upcall and VGPU_CMD_OBJECT); without it (a trace replayed with no
         driver to ask), what its results say, on its POST event."""
         self._truth_check = truth
-        self.manager = manager
+        self.directory = directory
         self.ledger = ledger
+        self.observers: Topic[QuotaEvent] = Topic()
         self._cgroup_path = cgroup_path
         # ctx -> tenant (None: refused); contexts already in the ledger were
         # restored from the charge journal.
@@ -262,9 +276,9 @@ class QuotaPolicy:
         self._learned: set[int] = set()
         self.restored = frozenset(self._contexts)
         self._pending: dict[int, _Pending] = {}  # upcall id -> what its POST completes
-        self._tenants_seen: tuple[Tenant, ...] | None = None
+        self._tenants_seen: Sequence[Tenant] | None = None
         self._by_name: dict[str, Tenant] = {}
-        self._gpu_indexes = frozenset(gpu.index for gpu in manager.gpus)
+        self._gpu_indexes = frozenset(gpu.index for gpu in directory.gpus)
         # Objects under a tenant object limit, and how many each tenant holds
         # of each kind (a kind's in-flight allocations are in _pending).
         self._objects: dict[Key, _Object] = {}
@@ -390,7 +404,7 @@ class QuotaPolicy:
             self.ledger.free(key)
             tenant = self._contexts.get(event.ctx_id)
             if tenant is not None:
-                self.manager.usage_changed(tenant)
+                self.observers.notify(UsageChanged(tenant))
 
     # --- what other policies built on this one read (vgpud.sched) ---
 
@@ -446,17 +460,18 @@ class QuotaPolicy:
                  path: str, start: int | None = None) -> str | None:
         """`start` (ticks): None for a context opened before this daemon,
         which no pid binding can then claim."""
-        m = self.manager
-        return resolve(Opener(pid, tgid, uid, gid, cgroup_id, path, start), m.tenants,
-                       m.bindings,
-                       m.default_tenant, m.cgroup_bindings, m.cgroup_id_of)
+        d = self.directory
+        return resolve(Opener(pid, tgid, uid, gid, cgroup_id, path, start), d.tenants,
+                       d.bindings, d.default_tenant, d.cgroup_bindings, d.cgroup_id_of)
 
     def _start_context(self, ctx: int, name: str) -> None:
         self._contexts[ctx] = name
         try:
-            self.manager.open_context(ctx, name)
+            self.ledger.open(ctx, name)
         except LedgerError as exc:  # a tenant without accounts (no GPUs in the inventory)
             log.warning("context %d of %s not accounted: %r", ctx, name, exc)
+            return
+        self.observers.notify(ContextOpened(ctx, name))
 
     def _close(self, ctx: int) -> None:
         name = self._contexts.pop(ctx, _MISSING)
@@ -468,13 +483,16 @@ class QuotaPolicy:
         for upcall_id in [i for i, p in self._pending.items() if p.ctx == ctx]:
             del self._pending[upcall_id]
         self._objects_gone([k for k, o in self._objects.items() if o.ctx == ctx])
-        if name is _MISSING or name is None:
+        if not isinstance(name, str):
             return
-        with suppress(LedgerError):
-            self.manager.close_context(ctx)
+        try:
+            self.ledger.close(ctx)
+        except LedgerError:  # never accounted (a tenant without accounts)
+            return
+        self.observers.notify(ContextClosed(ctx, name))
 
     def _tenant(self, name: str) -> Tenant | None:
-        tenants = self.manager.tenants
+        tenants = self.directory.tenants
         if tenants is not self._tenants_seen:
             self._by_name = {t.name: t for t in tenants}
             self._tenants_seen = tenants
@@ -602,7 +620,7 @@ class QuotaPolicy:
         if isinstance(result, Denied):
             log.info("quota: %s asked %d bytes on GPU %d, %d of %d used: refused",
                      tenant, result.size, gpu, result.used, result.limit)
-            self.manager.quota_exceeded(result)
+            self.observers.notify(QuotaExceeded(result))
             return Verdict.fail_status(NvStatus.NO_MEMORY, status_off)
         self._pending[upcall.id] = _Charge(upcall.ctx_id, result, client, h_new, h_parent,
                                            classes, status_off)
@@ -664,11 +682,11 @@ class QuotaPolicy:
             if size.value != r.size:
                 log.debug("upcall %d: %s holds %d bytes, %d reserved", upcall.id, key,
                           size.value, r.size)
-            self.manager.usage_changed(r.tenant)
+            self.observers.notify(UsageChanged(r.tenant))
             return ALLOW
         log.info("quota: %s got %d bytes on GPU %d (%d reserved), %d of %d used: freed",
                  r.tenant, size.value, r.gpu, r.size, over.used, over.limit)
-        self.manager.quota_exceeded(over)
+        self.observers.notify(QuotaExceeded(over))
         return self._undo(pending, key, pending.parent, size.value, upcall)
 
     def _undo(self, pending: _Charge, key: Key, parent: int, size: int,
@@ -685,7 +703,7 @@ class QuotaPolicy:
             log.warning("upcall %d: %s could not be freed: charged", upcall.id, key)
             with suppress(LedgerError):
                 self.ledger.commit(pending.reservation, key, size, force=True)
-                self.manager.usage_changed(pending.reservation.tenant)
+                self.observers.notify(UsageChanged(pending.reservation.tenant))
             return ALLOW
 
         return ObjQuery(free, freed)
@@ -698,7 +716,7 @@ class QuotaPolicy:
         except LedgerError as exc:  # released already (the context closed)
             log.debug("upcall %d: %r", upcall.id, exc)
             return
-        self.manager.usage_changed(r.tenant)
+        self.observers.notify(UsageChanged(r.tenant))
 
     def _gpu_for(self, parent: Key, tenant: str, upcall: Upcall) -> int:
         gpu = self.ledger.gpu_of(parent)
@@ -710,7 +728,7 @@ class QuotaPolicy:
 
     def _first_gpu(self, tenant: str) -> int:
         t = self._tenant(tenant)
-        for gpu in self.manager.gpus:
+        for gpu in self.directory.gpus:
             if t is None or t.allows_gpu(gpu.index):
                 return gpu.index
         return 0
@@ -858,7 +876,7 @@ class QuotaPolicy:
                         raise
                 else:
                     ledger.release(r)
-                self.manager.usage_changed(r.tenant)
+                self.observers.notify(UsageChanged(r.tenant))
             case _Track() if ok:
                 self._track(pending, new_handle(nr, params))
             case _Object():
@@ -867,7 +885,7 @@ class QuotaPolicy:
                 freed = ledger.free(pending.key)
                 self._objects_gone(freed.keys)
                 for tenant in {r.tenant for r in freed.released}:
-                    self.manager.usage_changed(tenant)
+                    self.observers.notify(UsageChanged(tenant))
             case _Dup() if ok and (handle := new_handle(nr, params)):
                 key, parent = Key(pending.client, handle), Key(pending.client, pending.parent)
                 ledger.dup(pending.ctx, key, pending.source, parent if parent in ledger else None)
@@ -994,14 +1012,14 @@ class QuotaPolicy:
         try:
             result = ledger.reserve(upcall.ctx_id, gpu, page_round(call.length))
             if isinstance(result, Denied):
-                self.manager.quota_exceeded(result)
+                self.observers.notify(QuotaExceeded(result))
                 return DENY_ENOMEM
             # Key(0, id): client handle 0 is never an RM client; upcall ids are unique.
             ledger.commit(result, Key(0, upcall.id))
         except LedgerError as exc:
             log.warning("uvm mmap of %s not accounted: %r", tenant, exc)
             return DENY_ENOMEM
-        self.manager.usage_changed(tenant)
+        self.observers.notify(UsageChanged(tenant))
         return ALLOW
 
 

@@ -55,7 +55,6 @@ from typing import Protocol
 from vgpud.admin.manager import (
     Manager,
     ManagerEvent,
-    QuotaExceeded,
     SettingsChanged,
     TenantChanged,
     TenantsChanged,
@@ -337,8 +336,6 @@ class SchedulerService:
                 self._tenant_changed(name, fields)
             case SettingsChanged():
                 self._settings_changed()
-            case QuotaExceeded():
-                pass
 
     def _paused(self, group: Group, paused: bool) -> None:
         if paused:  # off for good first: whatever unscheduling it plans comes after
