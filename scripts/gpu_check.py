@@ -148,7 +148,7 @@ def nvml_facts() -> dict[str, Any]:
         nvml = importlib.import_module("pynvml")
     except ImportError as exc:
         return {"error": f"nvidia-ml-py not installed: {exc}"}
-    from vgpud.nvtrace.vgpud_api import nvml_inventory
+    from tools.nvtrace.vgpud_api import nvml_inventory
 
     out: dict[str, Any] = {"inventory": guard(nvml_inventory)}
     try:

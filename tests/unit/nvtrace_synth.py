@@ -13,9 +13,9 @@ import io
 import itertools
 import struct
 
+from tools.nvtrace.fmt import Block, Header, Kind, Meta, OpenHow, Tag, TraceWriter, parse
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Ctrl, Escape, NvClass, UvmCmd, VidHeapFunction, iowr
-from vgpud.nvtrace.fmt import Block, Header, Kind, Meta, OpenHow, Tag, TraceWriter, parse
 
 MIB, GIB = 1 << 20, 1 << 30
 XFER = struct.Struct("=IIQ")

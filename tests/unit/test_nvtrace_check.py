@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 from nvtrace_synth import GIB, MIB, Synth, cuda_like, device_params, memory_params
 
+from tools.nvtrace import check as check_mod
+from tools.nvtrace.__main__ import main
+from tools.nvtrace.calls import Ioctl, events
+from tools.nvtrace.check import check_traces, format_text
+from tools.nvtrace.fmt import Block, Kind, Tag
+from tools.nvtrace.model import HeldMemory
+from tools.nvtrace.nvsim_src import read_nvsim
+from tools.nvtrace.vgpud_api import QuotaStackMissing
 from vgpud.nvidia.escapes import Escape, NvClass, iowr
-from vgpud.nvtrace import check as check_mod
-from vgpud.nvtrace.__main__ import main
-from vgpud.nvtrace.calls import Ioctl, events
-from vgpud.nvtrace.check import check_traces, format_text
-from vgpud.nvtrace.fmt import Block, Kind, Tag
-from vgpud.nvtrace.model import HeldMemory
-from vgpud.nvtrace.nvsim_src import read_nvsim
-from vgpud.nvtrace.vgpud_api import QuotaStackMissing
 
 NVSIM = read_nvsim()
 

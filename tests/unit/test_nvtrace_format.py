@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from nvtrace_synth import Synth, cuda_like
 
-from vgpud.nvtrace import fmt
-from vgpud.nvtrace.fmt import Block, Header, Kind, Meta, Tag, TraceError, TraceWriter
+from tools.nvtrace import fmt
+from tools.nvtrace.fmt import Block, Header, Kind, Meta, Tag, TraceError, TraceWriter
 
 HEADER_H = Path(__file__).resolve().parents[2] / "tools/nvtrace/nvtrace.h"
 

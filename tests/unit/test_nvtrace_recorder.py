@@ -18,8 +18,8 @@ from typing import TypeVar
 
 import pytest
 
-from vgpud.nvtrace.calls import Ioctl, Mmap, Opened, events
-from vgpud.nvtrace.fmt import Kind, Meta, OpenHow, Tag, Trace, read_trace
+from tools.nvtrace.calls import Ioctl, Mmap, Opened, events
+from tools.nvtrace.fmt import Kind, Meta, OpenHow, Tag, Trace, read_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 LIB = ROOT / "tools/nvtrace/libnvtrace.so"

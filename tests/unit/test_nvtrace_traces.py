@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from vgpud.nvtrace.check import check_traces, format_text
-from vgpud.nvtrace.fmt import read_trace
-from vgpud.nvtrace.nvsim_src import read_nvsim
+from tools.nvtrace.check import check_traces, format_text
+from tools.nvtrace.fmt import read_trace
+from tools.nvtrace.nvsim_src import read_nvsim
 
 TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
 FILES = sorted(TRACES.glob("*.nvtrace.gz"))

@@ -1,6 +1,6 @@
 """The recorder against nvsim: tests' own client recorded, checked and re-issued.
 
-A varied run of tests/nvclient.py (tests/vm/nvtrace_scenario.py) is recorded
+A varied run of tests/support/nvclient.py (tests/vm/nvtrace_scenario.py) is recorded
 by libnvtrace.so straight on /dev/nvsim, and through /dev/vgpu with the
 quota daemon running. Each recording must
 - say what the client saw (its client handle, held memory, refused calls);
@@ -32,11 +32,11 @@ from tests.support.guest import (
     rmmod,
     wait_path,
 )
+from tools.nvtrace.calls import Ioctl, events
+from tools.nvtrace.check import check_traces, format_text
+from tools.nvtrace.fmt import Trace, read_trace
+from tools.nvtrace.nvsim_src import read_nvsim
 from vgpud.nvidia.escapes import Escape
-from vgpud.nvtrace.calls import Ioctl, events
-from vgpud.nvtrace.check import check_traces, format_text
-from vgpud.nvtrace.fmt import Trace, read_trace
-from vgpud.nvtrace.nvsim_src import read_nvsim
 
 pytestmark = pytest.mark.vm
 
@@ -106,9 +106,10 @@ def reissue_on_fresh_nvsim(trace_dir: Path) -> None:
     assert rmmod("nvsim").returncode == 0
     insmod(NVSIM_KO, "gpus=2", "mem_mib=1024")
     wait_path(NVSIM_DIR / "nvidiactl")
-    res = subprocess.run([sys.executable, "-m", "vgpud.nvtrace", "reissue", "--nodes",
+    # The command line of docs/nvtrace.md: run from the repository root.
+    res = subprocess.run([sys.executable, "-m", "tools.nvtrace", "reissue", "--nodes",
                           str(NVSIM_DIR), str(trace_dir)], capture_output=True, text=True,
-                         timeout=120)
+                         timeout=120, cwd=ROOT)
     print(res.stdout, res.stderr)
     assert res.returncode == 0
     assert "skipped" not in res.stdout

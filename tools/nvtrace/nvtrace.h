@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * The nvtrace file format: what libnvtrace.so writes, one file per process.
- * Documented in docs/nvtrace.md; read by vgpud/nvtrace/fmt.py, which pins
+ * Documented in docs/nvtrace.md; read by tools/nvtrace/fmt.py, which pins
  * every size and offset below against gcc (tests/unit/test_nvtrace_format.py).
  *
  * A file is a header, metadata entries, then records, all little-endian

@@ -7,9 +7,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from tools.nvtrace.calls import Ioctl, NodeKind
+from tools.nvtrace.nvsim_src import NvsimModel
 from vgpud.nvidia.escapes import Ctrl, Escape, NvClass, UvmCmd
-from vgpud.nvtrace.calls import Ioctl, NodeKind
-from vgpud.nvtrace.nvsim_src import NvsimModel
 
 __all__ = ["Finding", "Row", "inventory_keys", "row_name"]
 

@@ -1,11 +1,13 @@
 """nvtrace: record what a program sends the NVIDIA driver, and check it against vgpud.
 
-    python -m vgpud.nvtrace record -o DIR [--prefix P]... [--lib SO] -- CMD...
-    python -m vgpud.nvtrace check [--json OUT] [--no-ledger] [--nvsim-src DIR] TRACE...
-    python -m vgpud.nvtrace dump TRACE...
-    python -m vgpud.nvtrace reissue --nodes DIR TRACE...
+    python -m tools.nvtrace record -o DIR [--prefix P]... [--lib SO] -- CMD...
+    python -m tools.nvtrace check [--json OUT] [--no-ledger] [--nvsim-src DIR] TRACE...
+    python -m tools.nvtrace dump TRACE...
+    python -m tools.nvtrace reissue --nodes DIR TRACE...
 
-TRACE: a trace file (.nvtrace, .nvtrace.gz) or a directory of them.
+Run from the repository root (``-m`` puts it first on sys.path, so that tools
+and vgpud are this checkout's). TRACE: a trace file (.nvtrace, .nvtrace.gz)
+or a directory of them.
 ``check`` exits 1 when the replay check fails; ``reissue`` when an outcome
 differs. See docs/nvtrace.md.
 """
@@ -18,12 +20,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vgpud.nvtrace.check import check_traces, format_text, write_json
-from vgpud.nvtrace.fmt import Kind, Trace, TraceError, read_trace
-from vgpud.nvtrace.nvsim_src import DEFAULT_SRC, read_nvsim
-from vgpud.nvtrace.reissue import reissue
+from tools.nvtrace.check import check_traces, format_text, write_json
+from tools.nvtrace.fmt import Kind, Trace, TraceError, read_trace
+from tools.nvtrace.nvsim_src import DEFAULT_SRC, read_nvsim
+from tools.nvtrace.reissue import reissue
 
-DEFAULT_LIB = Path(__file__).resolve().parents[2] / "tools" / "nvtrace" / "libnvtrace.so"
+# Built beside this package by tools/nvtrace/Makefile (make nvtrace).
+DEFAULT_LIB = Path(__file__).resolve().parent / "libnvtrace.so"
 
 
 def trace_files(args: list[str]) -> list[Path]:
@@ -112,7 +115,7 @@ def cmd_reissue(a: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m vgpud.nvtrace", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m tools.nvtrace", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="what", required=True)
     rec = sub.add_parser("record", help="run a command under the recorder")

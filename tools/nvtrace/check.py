@@ -21,6 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tools.nvtrace.calls import Ioctl, NodeKind, events
+from tools.nvtrace.fmt import Block, Meta, Trace
+from tools.nvtrace.ledger import LedgerResult, PolicyReplay
+from tools.nvtrace.nvsim_src import NvsimModel
+from tools.nvtrace.report import Finding, Row, format_rows, inventory_keys, row_name
+from tools.nvtrace.vgpud_api import QuotaStackMissing, quota_stack
 from vgpud.nvidia.escapes import DEVICE_MEMORY_CLASSES, NVOS32_ALLOC_FLAGS_VIRTUAL, VidHeapFunction
 from vgpud.nvidia.layouts import (
     Call,
@@ -33,12 +39,6 @@ from vgpud.nvidia.layouts import (
     decode_call,
 )
 from vgpud.nvidia.pages import PAGE_SIZE, granule, page_round
-from vgpud.nvtrace.calls import Ioctl, NodeKind, events
-from vgpud.nvtrace.fmt import Block, Meta, Trace
-from vgpud.nvtrace.ledger import LedgerResult, PolicyReplay
-from vgpud.nvtrace.nvsim_src import NvsimModel
-from vgpud.nvtrace.report import Finding, Row, format_rows, inventory_keys, row_name
-from vgpud.nvtrace.vgpud_api import QuotaStackMissing, quota_stack
 
 __all__ = ["Allocation", "CheckResult", "check_traces"]
 

@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from tools.nvtrace.fmt import Block, Kind, Record, Tag, Trace
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import IOCTL_MAGIC, Escape, ioc_nr, ioc_size
-from vgpud.nvtrace.fmt import Block, Kind, Record, Tag, Trace
 
 __all__ = ["Closed", "Event", "Ioctl", "Mmap", "Node", "NodeKind", "Opened", "events",
            "node_of"]

@@ -1,5 +1,5 @@
 """The parts of vgpud that nvtrace drives, imported here and nowhere else in
-vgpud.nvtrace, so that a move of those modules is followed in one place.
+tools.nvtrace, so that a move of those modules is followed in one place.
 
 Imports are made when asked for: the decoders need only the standard library,
 while the quota stack needs pydantic, which a GPU

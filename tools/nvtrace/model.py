@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tools.nvtrace.calls import Ioctl, NodeKind
 from vgpud.nvidia.escapes import DEVICE_MEMORY_CLASSES, NVOS32_ALLOC_FLAGS_VIRTUAL, NvClass
 from vgpud.nvidia.escapes import VidHeapFunction as Fn
 from vgpud.nvidia.layouts import (
@@ -23,7 +24,6 @@ from vgpud.nvidia.layouts import (
     decode_call,
 )
 from vgpud.nvidia.pages import page_round
-from vgpud.nvtrace.calls import Ioctl, NodeKind
 
 __all__ = ["HeldMemory"]
 

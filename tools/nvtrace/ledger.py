@@ -21,6 +21,11 @@ import struct
 from collections import Counter
 from dataclasses import dataclass, field
 
+from tools.nvtrace.calls import Closed, Ioctl, Mmap, NodeKind, Opened, events
+from tools.nvtrace.fmt import OpenHow, Trace
+from tools.nvtrace.model import HeldMemory
+from tools.nvtrace.report import Finding, inventory_keys
+from tools.nvtrace.vgpud_api import QuotaStack
 from vgpud.kernel.codec import CloseEvent, Opener, PostEvent, Upcall
 from vgpud.kernel.uapi import (
     FILTER_OPEN,
@@ -39,11 +44,6 @@ from vgpud.kernel.uapi import (
     Verdict,
     VerdictAction,
 )
-from vgpud.nvtrace.calls import Closed, Ioctl, Mmap, NodeKind, Opened, events
-from vgpud.nvtrace.fmt import OpenHow, Trace
-from vgpud.nvtrace.model import HeldMemory
-from vgpud.nvtrace.report import Finding, inventory_keys
-from vgpud.nvtrace.vgpud_api import QuotaStack
 
 __all__ = ["LedgerResult", "ModuleModel", "PolicyReplay"]
 

@@ -24,10 +24,10 @@ import struct
 from collections import Counter
 from dataclasses import dataclass, field
 
+from tools.nvtrace.calls import Closed, Ioctl, Mmap, Opened, events
+from tools.nvtrace.fmt import OpenHow, Tag, Trace
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Escape, UvmCmd, iowr
-from vgpud.nvtrace.calls import Closed, Ioctl, Mmap, Opened, events
-from vgpud.nvtrace.fmt import OpenHow, Tag, Trace
 
 __all__ = ["ReissueResult", "reissue"]
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 __all__ = ["DEFAULT_SRC", "NvsimModel", "read_nvsim"]
 
+# This checkout's simulator (tools/nvtrace/ -> the repository root).
 DEFAULT_SRC = Path(__file__).resolve().parents[2] / "kmod" / "nvsim"
 # The NVIDIA ABI nvsim shares with vgpu, beside nvsim's own header.
 _ABI_HEADERS = ("../include/nvidia/nv_ioctl.h", "../include/nvidia/nv_rm.h",
