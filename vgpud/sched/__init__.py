@@ -5,5 +5,5 @@ source), ``actuator`` (turns channel groups on and off, sets their timeslices
 and preempts them through the module's VGPU_CMD_SCHEDULE) and ``activity`` (which tenants
 have work: nvsim's /proc counters, NVML, or none). The pure parts are in
 vgpud.core; the policy that learns groups is vgpud.policy.sched. See
-docs/architecture.md (Scheduling).
+docs/scheduling.md.
 """
