@@ -10,5 +10,6 @@ encodes a snapshot for a pipe and decodes it, checking every value (pure).
 on the loop at an interval and writes each new one to the pipe of
 ``exporter``, a child process that renders and serves the text format
 (formatting each snapshot once, whatever the scrape rate), restarted when it
-dies and ended with the daemon.
+dies and ended with the daemon. ``sources`` wires where a snapshot's figures
+come from in the running daemon.
 """

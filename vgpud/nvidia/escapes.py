@@ -106,7 +106,7 @@ DEVICE_MEMORY_CLASSES = frozenset({NvClass.MEMORY_LOCAL_USER, NvClass.MEMORY_LOC
 class MemClass(IntEnum):
     """Every memory class of RM's resource table (resource_list.h, g_allclasses.h,
     595.45.04) that vgpud does not charge; what each does with it is in
-    docs/architecture.md (Memory the quota sees, class by class)."""
+    docs/architecture.md (Memory the quota sees, path by path)."""
 
     SYSTEM = 0x3E  # host pages (sysmemConstruct)
     EXTENDED_USER = 0x42  # video memory (ExtendedGpuMemory), the LOCAL_USER constructor

@@ -190,7 +190,7 @@ def test_a_flood_loses_no_upcall_of_another_tenant(daemon: Daemon, vgpu: Path, n
         assert delta["fail_closed"] == 0 and delta["fail_open"] == 0
         assert max(heap.samples) <= QUOTA
         # The latency target (p99 under the flood <= 3x alone) is a
-        # figure, printed above and recorded in docs/performance.md, not an
+        # figure, printed above and recorded in docs/threat-model.md, not an
         # assertion: in a TCG guest on a shared 2-core host the ratio of two
         # p99s swings from 1.2x to 8.6x between runs with the same code.
     finally:
