@@ -15,11 +15,13 @@ below (vgpud.core.observers: subjects never subscribe anyone):
                     D-Bus service, CDI spec keeper, file view
     scheduler    -> D-Bus service, file view  (shares)
 
-The D-Bus service's two, and the CDI spec keeper's (vgpud.cdi: its hook calls
+The D-Bus service's, and the CDI spec keeper's (vgpud.cdi: its hook calls
 the D-Bus API), are made when it starts. ``App`` runs what the upcall
-path does not: the D-Bus service, the scheduler's actuation, the latency
-probes (vgpud.probes) and SIGHUP reloads; vgpud.daemon.Daemon calls it at
-each step of its lifecycle.
+path does not: the D-Bus service, then (``serve``) the services of
+``App.services`` in their declared order: the scheduler's actuation, the
+latency probes (vgpud.probes), the metrics and the file view, stopped in
+reverse (``stop``); and SIGHUP reloads. vgpud.daemon.Daemon calls it at each
+step of its lifecycle.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -62,7 +65,7 @@ if TYPE_CHECKING:
     from vgpud.metrics.sources import DeniedCounts
     from vgpud.policy.dispatch import Dispatcher
 
-__all__ = ["App", "StartupError", "build_quota"]
+__all__ = ["App", "Service", "StartupError", "build_quota"]
 
 log = logging.getLogger("vgpud")
 
@@ -71,6 +74,15 @@ E = TypeVar("E")
 
 class StartupError(Exception):
     """Config, state or inventory that the daemon cannot start with (EX_CONFIG)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    """One service around the upcall path: how it starts and how it stops."""
+
+    name: str
+    start: Callable[[], Awaitable[None]]
+    stop: Callable[[], Awaitable[None]]
 
 
 class Subscriptions:
@@ -208,6 +220,7 @@ class App:
         self.fs: FsView | None = None
         self.inventory: tuple[GpuInfo, ...] = ()  # UUIDs and bus ids for the views
         self._bus: MessageBus | None = None
+        self._running: list[Service] = []  # started by serve(), in order
 
     async def start(self) -> bool:
         """Serve the admin API (org.vgpud1) on the system bus; False (logged)
@@ -260,15 +273,40 @@ class App:
             for ctx in self.quota.reconcile(live):
                 self.tracker.closed(ctx)
 
-    def start_scheduling(self, channel: GenlChannel) -> None:
+    def services(self, dispatcher: Dispatcher, channel: GenlChannel) -> tuple[Service, ...]:
+        """The services around the upcall path, in the order they start (once
+        READY=1 is sent); they stop in reverse, while the channel is up."""
+        return (
+            # Groups back on at the stop, while the module can still be told.
+            Service("scheduler", lambda: self._start_scheduling(channel),
+                    self._stop_scheduling),
+            # Loaded in the background; stopped so that vgpu is not pinned past the stop.
+            Service("probes", self._start_probes, self.probes.stop),
+            # Their refresh asks the channel: stopped before it closes.
+            Service("metrics", lambda: self.start_metrics(dispatcher, channel),
+                    self._stop_metrics_for_good),
+            Service("file view", lambda: self.start_fs(channel), self.stop_fs),
+        )
+
+    async def serve(self, dispatcher: Dispatcher, channel: GenlChannel) -> None:
+        """Start the services, in order."""
+        for service in self.services(dispatcher, channel):
+            self._running.append(service)
+            await service.start()
+
+    async def stop(self) -> None:
+        """Stop the services started, in reverse (again: a no-op)."""
+        while self._running:
+            service = self._running.pop()
+            log.debug("stopping the %s", service.name)
+            await service.stop()
+
+    async def _start_scheduling(self, channel: GenlChannel) -> None:
         self.scheduler.start(ModuleActuator(channel))
 
-    def start_probes(self) -> None:
+    async def _start_probes(self) -> None:
         """Load the latency probes in the background (or say why not)."""
         self.probes.start()
-
-    async def stop_probes(self) -> None:
-        await self.probes.stop()
 
     def count_denied(self) -> DeniedCounts:
         """The metrics' count of refused allocations, from now on."""
@@ -346,13 +384,14 @@ class App:
         if metrics is not None:
             await metrics.stop()
 
-    async def stop_reconfiguring(self) -> None:
-        """Wait out a reload's restart of the metrics, then let none start."""
+    async def _stop_metrics_for_good(self) -> None:
+        """Wait out a reload's restart of the metrics, let none start, stop them."""
         self._metrics_from = None
         if self._reconfigure is not None:
             await asyncio.wait([self._reconfigure])
+        await self.stop_metrics()
 
-    async def stop_scheduling(self) -> None:
+    async def _stop_scheduling(self) -> None:
         """Stop deciding and turn the groups back on (the channel still up)."""
         self.subscriptions.drop(self.scheduler)
         await self.scheduler.stop()

@@ -1,18 +1,19 @@
 """vgpud: the process lifecycle (startup -> run -> graceful drain) and ``main``.
 
-Startup resolves the vgpu family, registers, installs the policy's filter,
-logs ``registered with vgpu module (protocol vN)`` and sends READY=1 to
-$NOTIFY_SOCKET. SIGTERM/SIGINT start a graceful drain (STOPPING=1, answer
-what is queued, UNREGISTER; the filter stays for the module's fail policy);
-a second signal skips the drain.
-
-The upcalls go to a vgpud.policy.dispatch.Dispatcher over the policy. With
-``--config`` (or ``--policy quota``) the policy is the quota daemon's, built
-with the parts around it by vgpud.app (config, state, inventory, Manager,
-Ledger, journal, scheduler, the admin API org.vgpud1 on the system bus, with
-$DBUS_SYSTEM_BUS_ADDRESS honoured); an unreachable bus is a warning unless
-``--require-dbus``. SIGHUP reloads the config (a bad file keeps the last good
+Startup serves the admin API, resolves the vgpu family, registers, installs
+the policy's filter, logs ``registered with vgpu module (protocol vN)`` and
+sends READY=1 to $NOTIFY_SOCKET; then the services around the upcall path
+start in their declared order (vgpud.app). SIGTERM/SIGINT start a graceful
+drain (STOPPING=1, the services stopped in reverse, answer what is queued,
+UNREGISTER; the filter stays for the module's fail policy); a second signal
+skips the drain. SIGHUP reloads the config (a bad file keeps the last good
 one).
+
+The upcalls go to a vgpud.policy.dispatch.Dispatcher over the quota policy,
+built with the parts around it by vgpud.app (config, state, inventory,
+Manager, Ledger, journal, scheduler, the admin API org.vgpud1 on the system
+bus, with $DBUS_SYSTEM_BUS_ADDRESS honoured); an unreachable bus is a warning
+unless ``--require-dbus``.
 
 Exit status: 0 after a graceful stop, 1 after a forced one, 69 (EX_UNAVAILABLE)
 when the module is missing or refuses the registration (or the bus, with
@@ -28,7 +29,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import click
 import uvloop
@@ -38,15 +39,9 @@ from vgpud.kernel import uapi
 from vgpud.kernel.channel import ChannelError, GenlChannel, UpcallHandler
 from vgpud.kernel.uapi import Filter
 from vgpud.lograte import RateLimit
-from vgpud.policy.base import Policy
 from vgpud.policy.dispatch import Dispatcher
-from vgpud.policy.rules import parse_filter_spec
-from vgpud.policy.simple import parse_policy
 
-if TYPE_CHECKING:
-    from vgpud.app import App
-
-__all__ = ["Daemon", "main"]
+__all__ = ["Daemon", "Services", "main"]
 
 log = logging.getLogger("vgpud")
 
@@ -57,17 +52,42 @@ DRAIN_TIMEOUT = 5.0
 ChannelFactory = Callable[[UpcallHandler], Awaitable[GenlChannel]]
 
 
+class Services(Protocol):
+    """What runs around the upcall path (vgpud.app.App), at each step of the
+    lifecycle."""
+
+    async def start(self) -> bool:
+        """Before the channel (the admin API); False: exit EX_UNAVAILABLE."""
+        ...
+
+    async def attach(self, channel: GenlChannel) -> None:
+        """Registered, before READY=1."""
+        ...
+
+    async def serve(self, dispatcher: Dispatcher, channel: GenlChannel) -> None:
+        """After READY=1: start each service, in their declared order."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop what ``serve`` started, in reverse, the channel still up (idempotent)."""
+        ...
+
+    def reload(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class Daemon:
     def __init__(
         self,
         dispatcher: Dispatcher,
         filt: Filter,
+        app: Services,
         *,
         open_channel: ChannelFactory = GenlChannel.open,
         notifier: Notifier | None = None,
-        app: App | None = None,
     ) -> None:
-        """``app``: the quota daemon's parts beyond the upcall path (vgpud.app)."""
+        """``app``: the parts beyond the upcall path (vgpud.app)."""
         self.dispatcher = dispatcher
         self.app = app
         self.filter = filt
@@ -99,17 +119,15 @@ class Daemon:
         self._exit = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.handle_exit, sig)
-        if self.app is not None:
-            loop.add_signal_handler(signal.SIGHUP, self.app.reload)
+        loop.add_signal_handler(signal.SIGHUP, self.app.reload)
         try:
-            if self.app is not None and not await self.app.start():
+            if not await self.app.start():
                 return EX_UNAVAILABLE
             return await self._serve_channel()
         finally:
-            if self.app is not None:
-                await self.app.stop_probes()
-                self.app.close()
-                loop.remove_signal_handler(signal.SIGHUP)
+            await self.app.stop()  # what a failure left running
+            self.app.close()
+            loop.remove_signal_handler(signal.SIGHUP)
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
 
@@ -132,11 +150,7 @@ class Daemon:
         interval = watchdog_interval()
         pinger = asyncio.create_task(self._watchdog(interval)) if interval else None
         try:
-            if self.app is not None:
-                self.app.start_scheduling(channel)
-                self.app.start_probes()
-                await self.app.start_metrics(self.dispatcher, channel)
-                await self.app.start_fs(channel)
+            await self.app.serve(self.dispatcher, channel)
             await self._run(channel)
         finally:
             if pinger is not None:
@@ -149,8 +163,7 @@ class Daemon:
         try:
             await channel.register()
             await channel.set_filter(self.filter)
-            if self.app is not None:
-                await self.app.attach(channel)
+            await self.app.attach(channel)
         except BaseException:
             channel.close()
             raise
@@ -178,12 +191,7 @@ class Daemon:
 
     async def _stop(self, channel: GenlChannel) -> None:
         self._notifier.send("STOPPING=1")
-        if self.app is not None:
-            await self.app.stop_reconfiguring()  # a reload's restart of the metrics
-            await self.app.stop_metrics()  # before the channel its refresh asks closes
-            await self.app.stop_fs()  # likewise; and before the signal handlers go
-            await self.app.stop_probes()  # the vgpu module is not pinned past the stop
-            await self.app.stop_scheduling()  # groups back on while the channel is up
+        await self.app.stop()  # while the channel is up: groups back on, refreshes done
         if not self._force:
             self._drain = asyncio.create_task(self._drain_channel(channel))
             try:
@@ -214,21 +222,14 @@ class Daemon:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="TOML config; enables the quota policy "
-              "[default path with --policy quota: /etc/vgpud/vgpud.toml].")
-@click.option("--policy", "policy_spec", default=None,
-              help="quota (the default with --config) | allow (the default without) | "
-              "deny-class:0x40[,0x3f] (a test policy).")
-@click.option("--filter", "filter_specs", multiple=True, metavar="SPEC",
-              help="Extra rules: open | alloc[+shadow]:CLASSES | control[+shadow]:CMDS "
-              "(repeatable).")
+              default=None, help="TOML config [default: /etc/vgpud/vgpud.toml].")
 @click.option("--on-error", type=click.Choice(["deny", "allow"]), default="deny",
               show_default=True, help="Verdict when the policy fails or an upcall is malformed.")
-@click.option("--no-dbus", is_flag=True, help="Do not serve the admin API (quota policy).")
+@click.option("--no-dbus", is_flag=True, help="Do not serve the admin API.")
 @click.option("--require-dbus", is_flag=True,
               help="Exit (69) when the admin API cannot start on the system bus.")
 @click.option("--no-probes", is_flag=True,
-              help="Do not load the latency probes (quota policy), whatever the config says.")
+              help="Do not load the latency probes, whatever the config says.")
 @click.option("--probes-helper", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="Load the latency probes in vgpud-probes over this socket "
               "(no CAP_BPF needed here), whatever the config says.")
@@ -236,54 +237,44 @@ class Daemon:
               default=None, help="Serve the metrics ([metrics] enabled) from vgpud-metrics "
               "over this socket instead of a child process, whatever the config says.")
 @click.option("--no-fs", is_flag=True,
-              help="Do not mount the file view (quota policy), whatever the config says.")
+              help="Do not mount the file view, whatever the config says.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
-def main(config_path: Path | None, policy_spec: str | None, filter_specs: tuple[str, ...],
-         on_error: str, no_dbus: bool, require_dbus: bool, no_probes: bool,
-         no_fs: bool, log_level: str, probes_helper: Path | None,
+def main(config_path: Path | None, on_error: str, no_dbus: bool, require_dbus: bool,
+         no_probes: bool, no_fs: bool, log_level: str, probes_helper: Path | None,
          metrics_helper: Path | None) -> None:
     """The vgpud daemon: answers the vgpu kernel module's upcalls."""
+    configure_logging(log_level)
+    if no_dbus and require_dbus:
+        raise click.UsageError("--no-dbus and --require-dbus exclude each other")
+    # Here, not at the top: the quota daemon's parts (pydantic, dbus-fast) take
+    # seconds to import in the TCG test VM, which --help need not wait for.
+    from vgpud.app import StartupError, build_quota
+
+    dbus = "off" if no_dbus else "require" if require_dbus else "try"
+    try:
+        policy, app = build_quota(config_path, dbus, probes=not no_probes, fs=not no_fs,
+                                  probes_helper=probes_helper, metrics_helper=metrics_helper)
+    except StartupError as exc:
+        log.error("%s", exc)
+        sys.exit(EX_CONFIG)
+    run(Daemon(Dispatcher(policy, fail_open=on_error == "allow"), policy.filter(), app))
+
+
+def configure_logging(level: str) -> None:
     # Refusals are logged one by one: bounded per kind and tenant (lograte).
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(RateLimit())
-    logging.basicConfig(level=log_level.upper(), handlers=[handler],
+    logging.basicConfig(level=level.upper(), handlers=[handler],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if no_dbus and require_dbus:
-        raise click.UsageError("--no-dbus and --require-dbus exclude each other")
-    if policy_spec is None:
-        policy_spec = "quota" if config_path is not None else "allow"
-    app = None
-    policy: Policy
-    try:
-        if policy_spec == "quota":
-            # Here, not at the top: the quota daemon's parts (pydantic, dbus-fast) add
-            # about 0.6 s of imports on a host and over a minute in the TCG test VM,
-            # which the other policies need not wait for.
-            from vgpud.app import StartupError, build_quota
 
-            dbus = "off" if no_dbus else "require" if require_dbus else "try"
-            try:
-                policy, app = build_quota(config_path, dbus, probes=not no_probes,
-                                          fs=not no_fs, probes_helper=probes_helper,
-                                          metrics_helper=metrics_helper)
-            except StartupError as exc:
-                log.error("%s", exc)
-                sys.exit(EX_CONFIG)
-        else:
-            if config_path is not None:
-                raise click.UsageError(f"--config goes with --policy quota, not {policy_spec}")
-            policy = parse_policy(policy_spec)
-        filt = policy.filter()
-        for spec in filter_specs:
-            filt = filt + parse_filter_spec(spec)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
-    dispatcher = Dispatcher(policy, fail_open=on_error == "allow")
+
+def run(daemon: Daemon) -> None:
+    """Serve until stopped, and exit with the daemon's status."""
     # uvloop: every upcall costs one wakeup of the loop, and libuv's is far
-    # cheaper than the pure-Python selector loop (docs/performance.md).
+    # cheaper than the pure-Python selector loop (docs/bench-log.md, 2026-11-30).
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        sys.exit(runner.run(Daemon(dispatcher, filt, app=app).serve()))
+        sys.exit(runner.run(daemon.serve()))
 
 
 if __name__ == "__main__":

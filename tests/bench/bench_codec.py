@@ -20,13 +20,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.support.fakekernel import FAMILY, upcall_msg
+from tests.support.policies import AllowAll, DenyClasses
 from vgpud.kernel import codec
 from vgpud.kernel.channel import GenlChannel
 from vgpud.kernel.uapi import ALLOW
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Escape, NvClass
 from vgpud.policy.dispatch import Dispatcher
-from vgpud.policy.simple import AllowAll, DenyClasses
 
 
 def measure(fn: Callable[[], object], n: int) -> float:

@@ -61,7 +61,7 @@ def serve(fd: int, config: Path) -> None:
         channel.start()
         return channel
 
-    daemon = Daemon(Dispatcher(policy), policy.filter(), open_channel=open_channel, app=admin)
+    daemon = Daemon(Dispatcher(policy), policy.filter(), admin, open_channel=open_channel)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         sys.exit(runner.run(daemon.serve()))
 

@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.support import nvclient as nv  # noqa: E402
-from tests.support.vgpud_proc import Daemon  # noqa: E402
+from tests.support.vgpud_proc import TEST_DAEMON, Daemon  # noqa: E402
 
 CTRL = 0xDEAD0001  # a control id no driver knows: the driver's answer is cheap
 CTRL_MISS = 0xDEAD0002  # another: on an escape with a rule, but no rule's key
@@ -230,7 +230,8 @@ def main() -> None:
             py.terminate()
             py.wait()
         d = Daemon("--filter", f"control:{CTRL:#x}", "--filter", f"alloc:{PLAIN:#x}",
-                   "--filter", f"alloc+shadow:{SHADOW:#x}", log_level="warning").start()
+                   "--filter", f"alloc+shadow:{SHADOW:#x}", log_level="warning",
+                   entry=TEST_DAEMON).start()
         try:
             runs.setdefault("vgpud", []).append(
                 measure(lat, per_turn, args.slow_calls)["/dev/vgpu/nvidiactl"])

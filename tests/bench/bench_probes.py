@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.bench.bench_path import CTRL, build, measure, sh  # noqa: E402
-from tests.support.vgpud_proc import Daemon  # noqa: E402
+from tests.support.vgpud_proc import TEST_DAEMON, Daemon  # noqa: E402
 from vgpud.probes.bcc_probes import LatencyProbes, find_source  # noqa: E402
 from vgpud.probes.histograms import LatencyBook  # noqa: E402
 from vgpud.probes.layout import LAT_DRIVER, LAT_TOTAL, LAT_UPCALL, lat_call  # noqa: E402
@@ -135,7 +135,7 @@ def main() -> None:
     report("fast path (RM_CONTROL, no rule)",
            on_off(lat, args.turns, args.rounds, args.fast_calls), 1.10)
 
-    d = Daemon("--filter", f"control:{CTRL:#x}", log_level="warning").start()
+    d = Daemon("--filter", f"control:{CTRL:#x}", log_level="warning", entry=TEST_DAEMON).start()
     try:
         slow = on_off(lat, args.turns, args.rounds, args.slow_calls)
     finally:

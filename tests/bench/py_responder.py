@@ -12,9 +12,9 @@ import socket
 import struct
 import sys
 
+from tests.support.policies import parse_filter_spec
 from vgpud.kernel import uapi
 from vgpud.kernel.channel import GenlChannel
-from vgpud.policy.rules import parse_filter_spec
 
 NLMSG = struct.Struct("=IHHII")
 VERDICT = struct.Struct("=IHHIIBBHHHQIIIIII")  # nlmsghdr, genlhdr, nla, vgpu_verdict

@@ -8,13 +8,14 @@ import socket
 from pathlib import Path
 
 from tests.support.fakekernel import FAMILY, FakeKernel
+from tests.support.policies import DenyClasses
+from tests.support.testdaemon import NoServices
 from vgpud.app import build_quota
 from vgpud.daemon import Daemon
 from vgpud.host.inventory import GpuInfo
 from vgpud.host.systemd import Notifier
 from vgpud.kernel.channel import GenlChannel
 from vgpud.policy.dispatch import Dispatcher
-from vgpud.policy.simple import DenyClasses
 
 GIB = 2**30
 CONFIG = """\
@@ -59,8 +60,8 @@ class World:
 
     def daemon(self) -> Daemon:
         policy = DenyClasses({0x40})
-        return Daemon(Dispatcher(policy), policy.filter(), open_channel=self.open_channel,
-                      notifier=Notifier(self.notify_path))
+        return Daemon(Dispatcher(policy), policy.filter(), NoServices(),
+                      open_channel=self.open_channel, notifier=Notifier(self.notify_path))
 
     async def notification(self) -> str:
         loop = asyncio.get_running_loop()
@@ -79,6 +80,5 @@ class QuotaWorld(World):
         self.policy, self.admin = build_quota(self.config, dbus, inventory)
 
     def daemon(self) -> Daemon:
-        return Daemon(Dispatcher(self.policy), self.policy.filter(),
-                      open_channel=self.open_channel, notifier=Notifier(self.notify_path),
-                      app=self.admin)
+        return Daemon(Dispatcher(self.policy), self.policy.filter(), self.admin,
+                      open_channel=self.open_channel, notifier=Notifier(self.notify_path))

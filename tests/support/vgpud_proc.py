@@ -13,6 +13,9 @@ import tempfile
 import time
 from pathlib import Path
 
+# vgpud's lifecycle over a test policy (--policy, --filter): tests.support.testdaemon.
+TEST_DAEMON = "tests.support.testdaemon"
+
 
 class Daemon:
     """`python -m vgpud.daemon ARGS` with a NOTIFY_SOCKET of its own.
@@ -21,15 +24,18 @@ class Daemon:
     """
 
     def __init__(self, *args: str, log_level: str = "debug", echo: bool = False,
-                 probes: bool = False, fs: bool = False, prefix: tuple[str, ...] = ()) -> None:
+                 probes: bool = False, fs: bool = False, prefix: tuple[str, ...] = (),
+                 entry: str = "vgpud.daemon") -> None:
         """``probes``: load the latency probes (a bcc compile: 6-20 s of the
         guest's CPU); off unless a test is about them. ``fs``: mount the file
         view (vgpud.fsview); off unless a test is about it. ``prefix``: a
-        command to run it under (setpriv dropping a capability)."""
+        command to run it under (setpriv dropping a capability). ``entry``:
+        the module run, TEST_DAEMON for a test policy."""
         self.args = ("--log-level", log_level, *(() if probes else ("--no-probes",)),
                      *(() if fs else ("--no-fs",)), *args)
         self.echo = echo
         self.prefix = prefix
+        self.entry = entry
         self.dir = tempfile.mkdtemp(prefix="vgpud-")
         self.log_path = Path(self.dir) / "vgpud.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -44,7 +50,7 @@ class Daemon:
         env = dict(os.environ, NOTIFY_SOCKET=sock_path)
         with open(self.log_path, "ab") as log:
             out = None if self.echo else log
-            self.proc = subprocess.Popen([*self.prefix, sys.executable, "-m", "vgpud.daemon",
+            self.proc = subprocess.Popen([*self.prefix, sys.executable, "-m", self.entry,
                                           *self.args],
                                          stdout=out, stderr=subprocess.STDOUT, env=env)
         self._notify = notify  # kept bound until the daemon is gone (STOPPING=1)

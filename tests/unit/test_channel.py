@@ -19,11 +19,11 @@ from tests.support.fakekernel import (
     post_event_msg,
     upcall_msg,
 )
+from tests.support.policies import DenyClasses
 from vgpud.kernel import channel as ch
 from vgpud.kernel.uapi import PROTO_VERSION, Cmd, Filter, VerdictAction
 from vgpud.nvidia import layouts as L
 from vgpud.policy.dispatch import Dispatcher
-from vgpud.policy.simple import DenyClasses
 
 ALLOC21 = L.NVOS21.struct.pack(1, 2, 3, 0x40, 0, 0, 0)
 

@@ -17,14 +17,17 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.support.daemon_world import World
+from tests.support import testdaemon
+from tests.support.daemon_world import World, write_config
 from tests.support.fakekernel import upcall_msg
+from tests.support.policies import DenyClasses
 from vgpud import daemon
 from vgpud.host.systemd import Notifier, watchdog_interval
 from vgpud.kernel import uapi
 from vgpud.kernel.uapi import Cmd, VerdictAction
 from vgpud.nvidia import layouts as L
-from vgpud.policy.simple import DenyClasses
+
+ROOT = Path(__file__).resolve().parents[2]
 
 ALLOC21 = L.NVOS21.struct.pack(1, 2, 3, 0x40, 0, 0, 0)
 
@@ -130,18 +133,27 @@ def test_notifier_abstract_address_and_absence() -> None:
     Notifier("/nonexistent/socket").send("READY=1")  # logged, not raised
 
 
-def test_entry_point_without_the_module(tmp_path: Path) -> None:
+@pytest.mark.parametrize("entry", ["vgpud.daemon", "tests.support.testdaemon"])
+def test_entry_point_without_the_module(tmp_path: Path, entry: str) -> None:
     env = dict(os.environ, NOTIFY_SOCKET=str(tmp_path / "none"))
-    proc = subprocess.run([sys.executable, "-m", "vgpud.daemon", "--policy", "deny-class:0x40"],
-                          capture_output=True, text=True, timeout=30, env=env)
-    assert proc.returncode == daemon.EX_UNAVAILABLE
+    args = (["--config", str(write_config(tmp_path)), "--no-dbus", "--no-probes", "--no-fs"]
+            if entry == "vgpud.daemon" else ["--policy", "deny-class:0x40"])
+    proc = subprocess.run([sys.executable, "-m", entry, *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == daemon.EX_UNAVAILABLE, proc.stderr
     assert "generic netlink family 'vgpu' not found: is vgpu.ko loaded?" in proc.stderr
 
 
 @pytest.mark.parametrize("args", [["--policy", "nope"], ["--filter", "alloc:"]])
-def test_bad_options(args: list[str]) -> None:
-    result = CliRunner().invoke(daemon.main, args)
+def test_bad_test_daemon_options(args: list[str]) -> None:
+    result = CliRunner().invoke(testdaemon.main, args)
     assert result.exit_code == 2 and "Error:" in result.output
+
+
+@pytest.mark.parametrize("option", ["--policy", "--filter"])
+def test_vgpud_runs_no_test_policy(option: str) -> None:
+    result = CliRunner().invoke(daemon.main, [option, "allow"])
+    assert result.exit_code == 2 and "No such option" in result.output
 
 
 def test_signal_during_startup(tmp_path: Path) -> None:

@@ -135,10 +135,7 @@ def test_bad_config_exits_78(tmp_path: Path) -> None:
     assert missing.exit_code == daemon.EX_CONFIG
 
 
-def test_config_only_with_quota(tmp_path: Path) -> None:
-    result = CliRunner().invoke(daemon.main, ["--config", str(write_config(tmp_path)),
-                                              "--policy", "allow"])
-    assert result.exit_code == 2
+def test_dbus_options_exclude_each_other() -> None:
     both = CliRunner().invoke(daemon.main, ["--no-dbus", "--require-dbus"])
     assert both.exit_code == 2
 

@@ -10,6 +10,7 @@ import ast
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,7 @@ SANS_IO = [
     "vgpud.core.tenants", "vgpud.core.ledger", "vgpud.core.tdma", "vgpud.core.groups",
     "vgpud.core.shares", "vgpud.core.observers", "vgpud.core.runlist", "vgpud.nvidia.layouts",
     "vgpud.kernel.codec", "vgpud.policy.dispatch", "vgpud.policy.quota",
-    "vgpud.policy.sched", "vgpud.policy.simple", "vgpud.policy.rules",
+    "vgpud.policy.sched", "vgpud.policy.events", "vgpud.policy.rules",
     "vgpud.probes.histograms", "vgpud.probes.layout", "vgpud.probes.render",
     "vgpud.fsview.snapshot", "vgpud.fsview.render", "vgpud.fsview.values",
     "vgpud.metrics.snapshot", "vgpud.metrics.families", "vgpud.metrics.listen",
@@ -71,21 +72,28 @@ def test_cli_reaches_the_daemon_only_over_dbus() -> None:
                               "vgpud.probes.bcc_probes", "vgpud.probes.service")) == []
 
 
+def module_name(path: Path) -> str:
+    parts = path.relative_to(VGPUD.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """The vgpud names a file imports, under TYPE_CHECKING and inside
+    functions too (what a reader follows, not only what Python loads):
+    ``from vgpud.a import b`` names vgpud.a and vgpud.a.b."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {n for n in names if n == "vgpud" or n.startswith("vgpud.")}
+
+
 def imported_by(room: str) -> dict[str, set[str]]:
-    """vgpud module -> the vgpud modules its source imports, under
-    TYPE_CHECKING and inside functions too (what a reader follows, not only
-    what Python loads)."""
-    found: dict[str, set[str]] = {}
-    for path in sorted((VGPUD / room).rglob("*.py")):
-        names: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names.add(node.module)
-        module = ".".join(path.relative_to(VGPUD.parent).with_suffix("").parts)
-        found[module] = {n for n in names if n == "vgpud" or n.startswith("vgpud.")}
-    return found
+    """vgpud module -> the vgpud names its source imports, for a room's files."""
+    return {module_name(path): imports_of(path) for path in sorted((VGPUD / room).rglob("*.py"))}
 
 
 # Rooms that decide, and the rooms above them they must not know of: deciding
@@ -101,3 +109,27 @@ def test_deciding_never_imports_the_rooms_above_it(room: str) -> None:
     wrong = {module: sorted(offenders(names, ABOVE_DECIDING))
              for module, names in imported_by(room).items()}
     assert {m: names for m, names in wrong.items() if names} == {}
+
+
+def production_entries() -> set[str]:
+    """The modules the package's console scripts start in, and the CDI hook
+    (run by container runtimes as ``python -m vgpud.cdi.hook``)."""
+    scripts = tomllib.loads((VGPUD.parent / "pyproject.toml").read_text())["project"]["scripts"]
+    return {target.partition(":")[0] for target in scripts.values()} | {"vgpud.cdi.hook"}
+
+
+def test_every_module_ships_for_production() -> None:
+    """Nothing under vgpud/ is there for the tests alone: each module is
+    imported, directly or not, from a production entry point."""
+    graph = {module_name(path): imports_of(path) for path in VGPUD.rglob("*.py")}
+    reached: set[str] = set()
+    todo = sorted(production_entries())
+    while todo:
+        module = todo.pop()
+        if module in reached:
+            continue
+        reached.add(module)
+        # A module's packages load with it.
+        parents = [".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)]
+        todo += [n for n in (*graph[module], *parents) if n in graph]
+    assert sorted(m for m in graph if m not in reached) == []

@@ -11,6 +11,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.fakekernel import FAMILY, make_stats, make_stats4, upcall_msg
+from tests.support.policies import DenyClasses
 from vgpud.core.ledger import Usage
 from vgpud.kernel import codec
 from vgpud.kernel.uapi import ALLOW
@@ -18,7 +19,6 @@ from vgpud.metrics.families import families
 from vgpud.metrics.snapshot import Snapshot, collect
 from vgpud.nvidia import layouts as L
 from vgpud.policy.dispatch import LATENCY_SLOTS, Counters, Dispatcher, VerdictStats
-from vgpud.policy.simple import DenyClasses
 
 GIB = 2**30
 

@@ -329,8 +329,8 @@ def test_quota_daemon_with_metrics(tmp_path: Path, caplog: pytest.LogCaptureFixt
     config = write_config(tmp_path, f'\n[metrics]\nenabled = true\nlisten = "127.0.0.1:{port}"\n')
     world = World(tmp_path, stats=make_stats(opens=11))
     policy, app = build_quota(config, "off", inventory, probes=False)
-    daemon = Daemon(Dispatcher(policy), policy.filter(), open_channel=world.open_channel,
-                    notifier=Notifier(world.notify_path), app=app)
+    daemon = Daemon(Dispatcher(policy), policy.filter(), app, open_channel=world.open_channel,
+                    notifier=Notifier(world.notify_path))
     url = f"http://127.0.0.1:{port}/metrics"
 
     async def main() -> None:

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.support.policies import parse_filter_spec
 from vgpud.kernel.uapi import (
     FILTER_OPEN,
     OFF_NONE,
@@ -21,7 +22,7 @@ from vgpud.kernel.uapi import (
 from vgpud.nvidia import layouts as L
 from vgpud.nvidia.escapes import Escape, NvClass, VidHeapFunction, ioc_nr, ioc_size, iowr
 from vgpud.nvidia.layouts import DecodeError, decode_call, status_offset
-from vgpud.policy.rules import parse_filter_spec, rm_alloc_classes, rm_control_cmds
+from vgpud.policy.rules import rm_alloc_classes, rm_control_cmds
 
 
 def mem_params(size: int) -> bytes:

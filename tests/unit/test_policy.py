@@ -7,6 +7,7 @@ import errno
 import pytest
 
 from tests.support.fakekernel import FAMILY, genl, upcall_msg
+from tests.support.policies import AllowAll, DenyClasses, parse_policy
 from vgpud.kernel import codec, uapi
 from vgpud.kernel.uapi import ALLOW, Cmd, Filter, Node, UpcallKind, Verdict, VerdictAction
 from vgpud.nvidia import layouts as L
@@ -14,7 +15,6 @@ from vgpud.nvidia.escapes import Escape, NvStatus
 from vgpud.policy.base import Request
 from vgpud.policy.dispatch import Dispatcher
 from vgpud.policy.rules import rm_alloc_classes
-from vgpud.policy.simple import AllowAll, DenyClasses, parse_policy
 
 
 def upcall(params: bytes, nr: int = Escape.RM_ALLOC, **kw) -> codec.Upcall:

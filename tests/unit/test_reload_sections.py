@@ -49,8 +49,8 @@ def run_daemon(tmp_path: Path, extra: str, dbus: str,
     config = write_config(tmp_path, extra)
     world = World(tmp_path, stats=make_stats())
     policy, app = build_quota(config, dbus, inventory, probes=False, fs=False)
-    daemon = Daemon(Dispatcher(policy), policy.filter(), open_channel=world.open_channel,
-                    notifier=Notifier(world.notify_path), app=app)
+    daemon = Daemon(Dispatcher(policy), policy.filter(), app, open_channel=world.open_channel,
+                    notifier=Notifier(world.notify_path))
 
     async def main() -> None:
         serving = asyncio.create_task(daemon.serve())

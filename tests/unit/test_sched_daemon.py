@@ -47,9 +47,8 @@ class World(daemon_world.World):
         self.scheduled: list[list[Sched]] = []
 
     def daemon(self) -> Daemon:
-        return Daemon(Dispatcher(self.policy), self.policy.filter(),
-                      open_channel=self.open_channel, notifier=Notifier(self.notify_path),
-                      app=self.admin)
+        return Daemon(Dispatcher(self.policy), self.policy.filter(), self.admin,
+                      open_channel=self.open_channel, notifier=Notifier(self.notify_path))
 
     async def schedule(self, entries: Sequence[Sched]) -> list[SchedResult]:
         self.scheduled.append(list(entries))

@@ -26,6 +26,7 @@ import pytest
 from tests.support import nvclient as nv
 from tests.support.guest import ROOT, set_param
 from tests.support.procstat import proc_state
+from tests.support.vgpud_proc import TEST_DAEMON
 from vgpud.kernel.channel import GenlChannel, query_module_stats
 from vgpud.kernel.codec import CloseEvent, Event, PostEvent
 from vgpud.kernel.uapi import ALLOW, Filter, Stats, Verdict
@@ -334,7 +335,7 @@ def wait_blocked(procs: list[subprocess.Popen[str]], upcalls_before: int) -> Non
 @pytest.mark.parametrize("fail_open", [False, True])
 def test_daemon_killed_while_callers_wait(waiters, daemon_factory, fail_open: bool) -> None:
     set_param("vgpu", "fail_open", "Y" if fail_open else "N")
-    daemon = daemon_factory("--filter", "alloc:0x40").start()
+    daemon = daemon_factory("--filter", "alloc:0x40", entry=TEST_DAEMON).start()
     procs = waiters(4)
     before = vgpu_stats()
     daemon.proc.send_signal(signal.SIGSTOP)  # the daemon hangs...
@@ -363,7 +364,7 @@ def test_daemon_killed_while_callers_wait(waiters, daemon_factory, fail_open: bo
     assert out == (["0", "0"] if fail_open else [str(errno.EHOSTDOWN), "0"])
 
     # A restarted daemon registers again and filtering resumes.
-    daemon = daemon_factory("--policy", "deny-class:0x40").start()
+    daemon = daemon_factory("--policy", "deny-class:0x40", entry=TEST_DAEMON).start()
     procs = waiters(1)
     go(procs)
     assert procs[0].communicate(timeout=10)[0].split() == ["0", str(NvStatus.NO_MEMORY)]
@@ -372,7 +373,7 @@ def test_daemon_killed_while_callers_wait(waiters, daemon_factory, fail_open: bo
 
 def test_upcall_timeout_then_late_verdict_is_lost(waiters, daemon_factory) -> None:
     set_param("vgpu", "upcall_timeout_ms", "2000")
-    daemon = daemon_factory("--filter", "alloc:0x40").start()
+    daemon = daemon_factory("--filter", "alloc:0x40", entry=TEST_DAEMON).start()
     procs = waiters(2)
     before = vgpu_stats()
     daemon.proc.send_signal(signal.SIGSTOP)
@@ -390,7 +391,7 @@ def test_upcall_timeout_then_late_verdict_is_lost(waiters, daemon_factory) -> No
 
 
 def test_caller_killed_while_waiting_leaks_nothing(waiters, daemon_factory) -> None:
-    daemon = daemon_factory("--filter", "alloc:0x40").start()
+    daemon = daemon_factory("--filter", "alloc:0x40", entry=TEST_DAEMON).start()
     procs = waiters(3)
     before = vgpu_stats()
     daemon.proc.send_signal(signal.SIGSTOP)

@@ -36,6 +36,7 @@ from tests.support.guest import (
     run,
     wait_path,
 )
+from tests.support.vgpud_proc import TEST_DAEMON
 from vgpud.kernel.channel import FamilyNotFound, resolve_family
 
 pytestmark = pytest.mark.vm
@@ -101,7 +102,7 @@ def test_installed_module_is_indexed(nvsim: Path, installed: Path) -> None:
 
 def test_daemon_autoloads_the_module(nvsim: Path, installed: Path, daemon_factory) -> None:
     assert not loaded("vgpu")
-    daemon = daemon_factory("--policy", "deny-class:0x40").start(timeout=180)
+    daemon = daemon_factory("--policy", "deny-class:0x40", entry=TEST_DAEMON).start(timeout=180)
     assert loaded("vgpu"), daemon.log()
     wait_path(VGPU_DIR / "nvidiactl")
     backing = Path("/sys/module/vgpu/parameters/backing_dir").read_text().strip()

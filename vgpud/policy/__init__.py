@@ -3,7 +3,9 @@
 ``base`` (the Policy interface and Request), ``dispatch`` (the Dispatcher:
 every upcall to the policy and back, with its verdict checked, never
 raising), ``rules`` (builders of our module's filter rules for NVIDIA
-escapes), ``quota`` (memory quotas and the virtualized memory view),
-``sched`` (channel-group tracking for TDMA, over the quota policy) and
-``simple`` (the policies without state: allow, and deny-class for tests).
+escapes), ``handles`` (where a new object's handle lies in its params, and
+the handles the daemon names where the driver would generate one),
+``quota`` (memory quotas and the virtualized memory view), ``sched``
+(channel-group tracking for the scheduler, over the quota policy) and
+``events`` (what the quota policy publishes as it decides).
 """

@@ -4,8 +4,9 @@ A policy names the filter it needs (which calls the module should send up),
 decides each request (OPEN, IOCTL and MMAP upcalls), decides POST upcalls (the
 driver has returned: keep its results or REPLY with others), and sees the
 events that follow allowed calls. It never does I/O; the daemon hands it
-requests and sends its verdicts. The quota policy is vgpud.policy.quota.QuotaPolicy;
-vgpud.policy.simple has the policies without state.
+requests and sends its verdicts. The daemon's policy is
+vgpud.policy.sched.SchedPolicy over vgpud.policy.quota.QuotaPolicy (the tests'
+stateless ones are in tests.support.policies).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from itertools import groupby
 
 from vgpud.kernel.cstruct import CStruct
-from vgpud.kernel.uapi import FILTER_OPEN, Filter, Node, Rule, RuleNested
+from vgpud.kernel.uapi import Filter, Node, Rule, RuleNested
 from vgpud.nvidia.escapes import FB_INFO_MAX_LIST_SIZE, Ctrl, Escape, NvClass
 from vgpud.nvidia.layouts import (
     ALLOC_PARAMS,
@@ -33,7 +33,6 @@ from vgpud.nvidia.layouts import (
 )
 
 __all__ = [
-    "parse_filter_spec",
     "rm_alloc_any",
     "rm_alloc_channel_groups",
     "rm_alloc_classes",
@@ -217,24 +216,3 @@ def uvm_cmds(cmds: Iterable[int]) -> tuple[Rule, ...]:
     are copied): for a policy that decides on the command alone. UVM params
     change size between driver releases; without a size, no shadow either."""
     return tuple(Rule(node_mask=1 << Node.UVM, nr=cmd, size=0) for cmd in _keys(cmds))
-
-
-def parse_filter_spec(spec: str) -> Filter:
-    """Parse a ``--filter`` value: ``open``, ``alloc:0x40,0x3f`` or ``control:0xa06c0101``.
-
-    ``alloc+shadow:...`` and ``control+shadow:...`` ask for shadow calls.
-    """
-    kind, _, values = spec.partition(":")
-    if kind == "open" and not values:
-        return Filter(flags=FILTER_OPEN)
-    kind, plus, flag = kind.partition("+")
-    if plus and flag != "shadow":
-        raise ValueError(f"bad filter {spec!r}: the only option is +shadow")
-    shadow = bool(plus)
-    numbers = [int(v, 0) for v in values.split(",") if v]
-    if kind == "alloc":
-        return Filter(rules=rm_alloc_classes(numbers, shadow=shadow))
-    if kind == "control":
-        return Filter(rules=(rm_control_cmds(numbers, shadow=shadow),))
-    raise ValueError(f"bad filter {spec!r}: expected open, alloc[+shadow]:CLASSES or "
-                     "control[+shadow]:CMDS")
