@@ -8,7 +8,7 @@
  * charges is not read from there. Each operation of an OBJECT message is
  * one RM call issued on the backing file of the context whose client owns
  * the object, as the owner could, from a private page of the sender's (the
- * daemon's) mm (sched.c: vgpu_rm_call); nothing of it is in the tenant's
+ * daemon's) mm (rmcall.c: vgpu_rm_call); nothing of it is in the tenant's
  * reach:
  *
  *   CLASS, PARENT  NV0000_CTRL_CMD_CLIENT_GET_HANDLE_INFO on the client

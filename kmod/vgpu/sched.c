@@ -7,7 +7,8 @@
  * context that owns the RM client, as if the owner had called it:
  * NVA06C_CTRL_CMD_GPFIFO_SCHEDULE (ON, OFF, OWNER_OFF), SET_TIMESLICE
  * (TIMESLICE), PREEMPT (PREEMPT, bWait 0: the driver preempts and
- * returns) or SET_INTERLEAVE_LEVEL (INTERLEAVE). The driver reads NVOS54 and its params from the
+ * returns) or SET_INTERLEAVE_LEVEL (INTERLEAVE), through the module's own
+ * RM call (rmcall.c). The driver reads NVOS54 and its params from the
  * current process's user memory, and the generic netlink handler runs in
  * the sender's (the daemon's) process: the blocks live in a small private
  * anonymous mapping of the daemon's mm, made once per message. The daemon's
@@ -45,7 +46,6 @@
 #include <linux/stddef.h>
 #include <linux/string.h>
 #include <linux/timekeeping.h>
-#include <linux/uaccess.h>
 
 #include <nvidia/nv_rm.h>
 #include <nvidia/nv_status.h>
@@ -115,85 +115,6 @@ static const struct kernel_param_ops vgpu_sched_n_off_ops = {
 
 module_param_cb(sched_offs, &vgpu_sched_n_off_ops, NULL, 0444);
 MODULE_PARM_DESC(sched_offs, "channel groups remembered as turned off now (read-only)");
-
-/**
- * vgpu_rm_call - one RM call through a backing file, on blocks of our own
- * @backing: the backing file (held by the caller)
- * @cmd: the ioctl command word
- * @ubuf: a private page of the current process (vgpu_rm_page_map())
- * @blk: the blocks, written at @ubuf: the ioctl's params first, then what
- *	they point to (pointers already name @ubuf's addresses); on success,
- *	the blocks as the driver left them
- * @len: their size, at most PAGE_SIZE
- *
- * The driver reads and writes the current process's memory, so the
- * blocks go to @ubuf for the call and come back from it.
- *
- * Return: 0 (the driver's status is in @blk), or a negative errno.
- */
-int vgpu_rm_call(struct file *backing, unsigned int cmd, unsigned long ubuf,
-		 void *blk, size_t len)
-{
-	void __user *u = (void __user *)ubuf;
-	long ret;
-
-	if (WARN_ON_ONCE(len > PAGE_SIZE))
-		return -EINVAL;
-	if (!backing->f_op->unlocked_ioctl)
-		return -ENOTTY;
-	if (copy_to_user(u, blk, len))
-		return -EFAULT;
-	ret = backing->f_op->unlocked_ioctl(backing, cmd, ubuf);
-	if (ret < 0)
-		return ret;
-	if (copy_from_user(blk, u, len))
-		return -EFAULT;
-	return 0;
-}
-
-/*
- * A private page of the sender's mm for vgpu_rm_call(), or an errno (and
- * a static message in @why).
- */
-unsigned long vgpu_rm_page_map(const char **why)
-{
-	if (!current->mm) {
-		*why = "vgpu: the command needs a sender with user memory";
-		return -EOPNOTSUPP;
-	}
-	return vm_mmap(NULL, 0, PAGE_SIZE, PROT_READ | PROT_WRITE,
-		       MAP_PRIVATE | MAP_ANONYMOUS, 0);
-}
-
-void vgpu_rm_page_unmap(unsigned long ubuf)
-{
-	vm_munmap(ubuf, PAGE_SIZE);
-}
-
-/**
- * vgpu_rm_backing - hold the backing file of a live nvidiactl context
- * @ctx_id: the context
- * @err: out: -ENOENT (no such context) or -EINVAL (not a nvidiactl file)
- *
- * Return: the file (the caller fputs it), or NULL and *err.
- */
-struct file *vgpu_rm_backing(u64 ctx_id, int *err)
-{
-	struct file *backing;
-	u32 node;
-
-	backing = vgpu_ctx_backing_get(ctx_id, &node);
-	if (!backing) {
-		*err = -ENOENT;
-		return NULL;
-	}
-	if (node != VGPU_NODE_CTL) {
-		fput(backing);
-		*err = -EINVAL;
-		return NULL;
-	}
-	return backing;
-}
 
 /*
  * One entry's control through @backing; the blocks go to user @ubuf. The
@@ -510,8 +431,7 @@ bool vgpu_sched_alloc_layout(u32 nr, u32 size)
  * the driver (hObjectNew 0) is known only from @results (NULL: none read
  * back): it is taken from there, under the checked client, so that a
  * rewrite can only turn off another group of the caller's own client or
- * none (the residual of docs/architecture.md, Threat model item 7). The
- * group is
+ * none (the residual of docs/threat-model.md, item 7). The group is
  * remembered as off like a SCHEDULE entry; one that could not be turned
  * off (a full table included: sweeping it issues controls for other
  * tenants' groups, which must not run in a tenant's process) shows in the

@@ -22,7 +22,7 @@
  *
  * Every other call the module read to match it against the filter (no
  * rule's key matched, a rule without the flag, the fail-open policy) runs
- * on a shadow of its params as read, too (chardev.c).
+ * on a shadow of its params as read, too (slowpath.c).
  *
  * The region is guarded: the caller's threads share its mm, so an ordinary
  * mapping there could be rewritten between the module's copy and the

@@ -22,6 +22,8 @@
 struct net;
 struct sk_buff;
 struct vgpu_opener_slots;
+struct vgpu_shadow;
+struct vgpu_upcall_msg;
 
 #define VGPU_NODE_KINDS		3
 #define VGPU_MAX_GPUS		248	/* nvidia0..nvidia247, as NVIDIA */
@@ -162,9 +164,40 @@ struct vgpu_ctx {
 };
 
 /* chardev.c */
+/**
+ * struct vgpu_call - one ioctl, after IOCTL_XFER_CMD unwrapping
+ * @cmd: the command word as issued
+ * @node: enum vgpu_node
+ * @nr: escape number (UVM: the command)
+ * @size: params size (UVM: 0, unknown)
+ * @flags: VGPU_UPCALL_F_*
+ * @xfer: an IOCTL_XFER_CMD call: the wrapper as the module read it, which
+ *	the driver is given instead of the caller's (see vgpu_forward()); NULL
+ *	for any other call
+ * @params: the caller's params (the inner ones for XFER)
+ * @arg: the ioctl argument as issued
+ */
+struct vgpu_call {
+	u32 cmd;
+	u32 node;
+	u32 nr;
+	u32 size;
+	u32 flags;
+	const struct nv_ioctl_xfer *xfer;
+	void __user *params;
+	unsigned long arg;
+};
+
 extern const struct file_operations vgpu_fops;
+long vgpu_forward(struct vgpu_ctx *ctx, const struct vgpu_call *c,
+		  struct vgpu_shadow *sh);
+void vgpu_msg_init(struct vgpu_upcall_msg *m, struct vgpu_ctx *ctx, u32 kind);
 int vgpu_chardev_init(void);
 void vgpu_chardev_exit(void);
+
+/* slowpath.c: a call some rule may select; @key: what selected its rule. */
+long vgpu_ioctl_slow(struct vgpu_ctx *ctx, const struct vgpu_call *c,
+		     u32 copy_size, u32 *key);
 
 /* ctxreg.c: the live contexts by id; its lock and RCU rules are there. */
 int vgpu_ctx_register(struct vgpu_ctx *ctx);
@@ -173,7 +206,7 @@ struct file *vgpu_ctx_backing_get(u64 id, u32 *node);
 u32 vgpu_ctx_list(u64 start, struct vgpu_context *out,
 		  struct vgpu_opener *openers, u32 max, u64 *next);
 
-/* sched.c */
+/* rmcall.c: the module's own RM calls, for sched.c and object.c */
 #define VGPU_RM_CONTROL	_IOC(_IOC_READ | _IOC_WRITE, NV_IOCTL_MAGIC, \
 			     NV_ESC_RM_CONTROL, sizeof(struct nvos54))
 #define VGPU_RM_FREE	_IOC(_IOC_READ | _IOC_WRITE, NV_IOCTL_MAGIC, \
@@ -183,6 +216,8 @@ int vgpu_rm_call(struct file *backing, unsigned int cmd, unsigned long ubuf,
 unsigned long vgpu_rm_page_map(const char **why);
 void vgpu_rm_page_unmap(unsigned long ubuf);
 struct file *vgpu_rm_backing(u64 ctx_id, int *err);
+
+/* sched.c */
 int vgpu_schedule(const struct vgpu_sched *in, u32 n,
 		  struct vgpu_sched_result *out, const char **why);
 bool vgpu_sched_alloc_layout(u32 nr, u32 size);
