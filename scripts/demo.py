@@ -3,8 +3,8 @@
 nvsim stands in for the NVIDIA driver (2 GPUs of 4 GiB); vgpu exposes
 /dev/vgpu/* over it; vgpud enforces two tenants' memory quotas, with its
 D-Bus API on a private system bus, and vgpuctl changes a quota live; then
-the two share GPU 0's time by weight (TDMA), and vgpuctl changes a weight
-live.
+the two share GPU 0's time by weight (runlist mode: each channel group's
+timeslice), and vgpuctl changes a weight live.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Run as a script: the repository root on sys.path, for tests.support.
 sys.path.insert(0, str(ROOT))
 
+from tests.support import nvclient as nv  # noqa: E402
 from tests.support import tenant_workload  # noqa: E402
 from tests.support.bus import PrivateBus  # noqa: E402
 from tests.support.vgpud_proc import Daemon  # noqa: E402
@@ -54,7 +55,7 @@ def run(*cmd: str) -> str:
     return out
 
 
-def user_argv(uid: int, *args: str | int) -> list[str]:
+def user_argv(uid: int, *args: str | float) -> list[str]:
     """tests/support/tenant_workload.py as user `uid` (to run with cwd=ROOT)."""
     return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
             *tenant_workload.command("/dev/vgpu", *map(str, args))]
@@ -65,23 +66,55 @@ def as_user(uid: int, *args: str | int) -> list[dict]:
     return [json.loads(line) for line in out.splitlines()]
 
 
-def compute_shares(seconds: float) -> list[float]:
-    """team-a and team-b each saturate a channel group on GPU 0: their shares (%)."""
-    argvs = [user_argv(uid, "compute", seconds) for uid in (1001, 1002)]
+def planned_groups(procs: list[subprocess.Popen[str]], made: list[dict]) -> list[tuple[int, int]]:
+    """Runlist mode (the default): each new group came back off
+    (VERDICT_F_SCHED_OFF) and is switched on only once the scheduler has given
+    it its tenant's timeslice; nvsim's own group table shows both on. Returns
+    the groups as (tgid, handle), team-a's first."""
+    keys = [(proc.pid, m["group"]) for proc, m in zip(procs, made, strict=True)]
+    deadline = time.monotonic() + 30  # a loaded TCG guest: seconds, not ms
+    while True:
+        rows = {(g.tgid, g.group): g for g in nv.proc_groups()}
+        if all(k in rows and rows[k].enabled for k in keys):
+            break
+        assert time.monotonic() < deadline, f"groups not all switched on: {rows}"
+        time.sleep(0.1)
+    for name, key in zip(("team-a", "team-b"), keys, strict=True):
+        print(f"nvsim: {name}'s group {key[1]:#x} on, timeslice {rows[key].timeslice_us} us",
+              flush=True)
+    return keys
+
+
+def busy_ns(keys: list[tuple[int, int]]) -> list[int]:
+    """The groups' busy time as nvsim counts it."""
+    rows = {(g.tgid, g.group): g for g in nv.proc_groups()}
+    return [rows[k].busy_ns for k in keys]
+
+
+def compute_shares(settle: float, window: float) -> list[float]:
+    """team-a and team-b each saturate a channel group on GPU 0: their busy
+    shares (%) over `window` seconds, once the scheduler's feedback has had
+    `settle` seconds (a slow guest's timer overruns shrink the ratio of the
+    slices until it corrects them)."""
+    argvs = [user_argv(uid, "compute", settle + window + 2) for uid in (1001, 1002)]
     for argv in argvs:
         print("$ " + " ".join(argv) + " &", flush=True)
     procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=ROOT) for argv in argvs]
+    made = []
     for proc in procs:
         assert proc.stdout is not None
-        made = json.loads(proc.stdout.readline())
-        print(made, flush=True)
-        assert made["enabled"] is False, "a new group was on when its alloc returned"
-    busy = []
+        made.append(json.loads(proc.stdout.readline()))
+        print(made[-1], flush=True)
+    keys = planned_groups(procs, made)
+    time.sleep(settle)
+    before = busy_ns(keys)
+    time.sleep(window)
+    busy = [b - a for a, b in zip(before, busy_ns(keys), strict=True)]
     for proc in procs:
-        out, _ = proc.communicate(timeout=seconds + 30)
-        busy.append(json.loads(out.splitlines()[-1])["busy_ns"])
+        proc.communicate(timeout=settle + window + 60)
     shares = [round(100 * b / sum(busy), 1) for b in busy]
-    print(f"measured busy shares: team-a {shares[0]}%, team-b {shares[1]}%", flush=True)
+    print(f"measured busy shares over {window:.0f} s: team-a {shares[0]}%, team-b {shares[1]}%",
+          flush=True)
     return shares
 
 
@@ -126,13 +159,13 @@ def main() -> None:
         run("vgpuctl", "tenant", "list")
 
         step("time slices: team-a (weight 300) and team-b (weight 100) saturate GPU 0;"
-             " each new channel group is off when its alloc returns")
-        shares = compute_shares(4.0)
+             " each new channel group is switched on once it has its tenant's timeslice")
+        shares = compute_shares(3.0, 4.0)
         assert abs(shares[0] - 75) <= 5, shares
 
         step("give team-b the same weight, live: the next frame splits GPU 0 evenly")
         run("vgpuctl", "tenant", "set", "team-b", "--weight", "300")
-        shares = compute_shares(4.0)
+        shares = compute_shares(3.0, 4.0)
         assert abs(shares[0] - 50) <= 5, shares
         run("vgpuctl", "module-stats")
     finally:
