@@ -35,7 +35,8 @@ from vgpud.nvidia.escapes import (
     NvStatus,
     UvmCmd,
 )
-from vgpud.policy.quota import UVM_ALLOCATING
+from vgpud.policy.classes import UVM_ALLOCATING
+from vgpud.policy.quota import QuotaPolicy
 from vgpud.store.config import ConfigError, parse_config
 
 TSG = 0xA06C
@@ -46,6 +47,13 @@ VASPACE = 0x90F1
 @pytest.fixture
 def w(tmp_path: Path) -> World:
     return World(tmp_path)
+
+
+def held(policy: QuotaPolicy) -> dict[tuple[str, str], int]:
+    """(tenant, kind) -> objects held, for every tenant and kind that holds any."""
+    counts = {(t.name, kind): policy.objects.held(t.name, kind)
+              for t in policy.directory.tenants for kind in set(LIMITED_CLASS_KIND.values())}
+    return {slot: n for slot, n in counts.items() if n}
 
 
 def _status(verdict: Verdict) -> int:
@@ -135,12 +143,12 @@ def test_channel_groups_over_the_limit_are_refused_and_freed_again(lw: World) ->
     assert all(v == ALLOW for v, _ in groups)
     verdict, _ = w.rm_alloc(1, client, device, TSG)
     assert _status(verdict) == NvStatus.INSUFFICIENT_RESOURCES
-    assert w.policy.object_counts() == {("a", "channel_groups"): 2}
+    assert held(w.policy) == {("a", "channel_groups"): 2}
     w.free(1, client, groups[0][1])
     assert w.rm_alloc(1, client, device, TSG)[0] == ALLOW
     # Freeing the device frees the groups under it.
     w.free(1, client, device)
-    assert w.policy.object_counts() == {}
+    assert held(w.policy) == {}
 
 
 def test_in_flight_allocations_count(lw: World) -> None:
@@ -157,7 +165,7 @@ def test_in_flight_allocations_count(lw: World) -> None:
            L.NVOS21.struct.pack(client, device, 0, TSG, 0, 0, NvStatus.INSUFFICIENT_RESOURCES))
     w.abandon(1, second[0])
     assert w.rm_alloc(1, client, device, TSG)[0] == ALLOW
-    assert w.policy.object_counts() == {("a", "channel_groups"): 1}
+    assert held(w.policy) == {("a", "channel_groups"): 1}
 
 
 def test_close_and_client_free_give_places_back(lw: World) -> None:
@@ -170,13 +178,13 @@ def test_close_and_client_free_give_places_back(lw: World) -> None:
     assert w.rm_alloc(1, client, device, VASPACE)[0] == ALLOW
     assert _status(w.rm_alloc(1, client, device, VASPACE)[0]) == NvStatus.INSUFFICIENT_RESOURCES
     w.free(1, client, group)  # its channels go with it
-    assert w.policy.object_counts() == {("a", "va_spaces"): 1}
+    assert held(w.policy) == {("a", "va_spaces"): 1}
     w.free(1, client, client)
-    assert w.policy.object_counts() == {}
+    assert held(w.policy) == {}
     client, device, _ = setup_gpu(w, 2)
     w.rm_alloc(2, client, device, VASPACE)
     w.close(2)
-    assert w.policy.object_counts() == {}
+    assert held(w.policy) == {}
 
 
 def test_limits_are_per_tenant(lw: World) -> None:
@@ -206,7 +214,7 @@ def test_a_limit_changed_at_runtime_applies_to_the_next_object(lw: World) -> Non
     assert w.rm_alloc(1, client, device, TSG)[0] == ALLOW
     w.manager.update_tenant("a", {"limits": {"channel_groups": 1}})
     assert _status(w.rm_alloc(1, client, device, TSG)[0]) == NvStatus.INSUFFICIENT_RESOURCES
-    assert w.policy.object_counts() == {("a", "channel_groups"): 3}
+    assert held(w.policy) == {("a", "channel_groups"): 3}
 
 
 def test_a_dup_of_a_counted_object_is_counted(lw: World) -> None:
@@ -223,10 +231,10 @@ def test_a_dup_of_a_counted_object_is_counted(lw: World) -> None:
         return verdict
 
     assert dup() == ALLOW
-    assert w.policy.object_counts() == {("a", "channel_groups"): 2}
+    assert held(w.policy) == {("a", "channel_groups"): 2}
     assert _status(dup()) == NvStatus.INSUFFICIENT_RESOURCES
     w.free(1, client, group)  # the dup keeps the group: still counted once
-    assert w.policy.object_counts() == {("a", "channel_groups"): 1}
+    assert held(w.policy) == {("a", "channel_groups"): 1}
 
 
 def test_uvm_calls_that_make_video_memory(w: World) -> None:
@@ -304,7 +312,7 @@ def test_a_counted_object_is_counted_on_the_drivers_truth(tw: World) -> None:
                                    NvStatus.INSUFFICIENT_RESOURCES if made else NvStatus.OK)
         query = w.post_upcall(1, uid, Escape.RM_ALLOC, lie)
         assert isinstance(query, ObjQuery) and answer(query) == ALLOW
-    assert w.policy.object_counts() == {("a", "channel_groups"): 2}
+    assert held(w.policy) == {("a", "channel_groups"): 2}
     # At the limit now, for what nvsim holds.
     params = L.NVOS21.struct.pack(client, device, 0x703, TSG, 0, 0, 0)
     assert _status(w.upcall(1, params, nr=Escape.RM_ALLOC)[1]) == NvStatus.INSUFFICIENT_RESOURCES

@@ -24,14 +24,13 @@ import struct
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
-from dataclasses import dataclass
+from typing import Any
 
 from vgpud.core.ledger import (
     Denied,
     Key,
     Ledger,
     LedgerError,
-    Reservation,
     Usage,
 )
 from vgpud.core.observers import Topic
@@ -45,7 +44,6 @@ from vgpud.core.tenants import (
     start_ticks,
 )
 from vgpud.kernel.codec import AbandonedEvent, CloseEvent, Event, PostEvent, Upcall
-from vgpud.kernel.cstruct import DecodeError
 from vgpud.kernel.uapi import (
     ALLOW,
     ALLOW_POST,
@@ -53,7 +51,6 @@ from vgpud.kernel.uapi import (
     FILTER_UVM_MMAP,
     UPCALL_F_DATA2_BIG,
     UPCALL_F_DATA2_FAULT,
-    UPCALL_F_DATA_FAULT,
     Context,
     Filter,
     MmapParams,
@@ -71,16 +68,10 @@ from vgpud.nvidia.escapes import (
     LIMITED_CLASS_KIND,
     NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED,
     NVOS32_ALLOC_FLAGS_VIRTUAL,
-    REFUSED_MEMORY_CLASSES,
-    SYSTEM_CLASS_RANGE,
-    SYSTEM_OBJECT_CLASSES,
-    UNCHARGED_MEMORY_CLASSES,
     Ctrl,
     Escape,
-    FbInfoIndex,
     NvClass,
     NvStatus,
-    UvmCmd,
     VidHeapFunction,
 )
 from vgpud.nvidia.layouts import (
@@ -92,12 +83,18 @@ from vgpud.nvidia.layouts import (
     RmDupObject,
     RmFree,
     VidHeapControl,
-    rewrite_fb_info,
-    rewrite_fb_info_v2,
-    rewrite_vid_heap_info,
 )
 from vgpud.nvidia.pages import granule, page_round
+from vgpud.policy import fbview
 from vgpud.policy.base import Request
+from vgpud.policy.classes import (
+    ALLOC_MEMORY_PASS,
+    TREE_CLASSES,
+    UVM_ALLOCATING,
+    VID_HEAP_HARMLESS,
+    params_status,
+    refused_class,
+)
 from vgpud.policy.events import (
     ContextClosed,
     ContextOpened,
@@ -106,6 +103,8 @@ from vgpud.policy.events import (
     UsageChanged,
 )
 from vgpud.policy.handles import name_handle, new_handle, with_handle
+from vgpud.policy.objects import ObjectCounts
+from vgpud.policy.pending import Charge, Counted, Dup, FbView, Free, HeapInfo, Pending, Track
 from vgpud.policy.rules import (
     rm_alloc_any,
     rm_alloc_classes,
@@ -124,126 +123,14 @@ __all__ = ["QuotaPolicy"]
 
 log = logging.getLogger(__name__)
 
-TREE_CLASSES = frozenset({NvClass.ROOT_CLIENT, NvClass.DEVICE_0, NvClass.SUBDEVICE_0})
-FB_LIMIT_INDEXES = (FbInfoIndex.RAM_SIZE, FbInfoIndex.TOTAL_RAM_SIZE, FbInfoIndex.HEAP_SIZE,
-                    FbInfoIndex.USABLE_RAM_SIZE)
-
-# VID_HEAP functions that make no video memory and free nothing behind the
-# ledger's back (rmapi_deprecated_vidheapctrl.c, 595.45.04):
-# - RELEASE_COMPR / REACQUIRE_COMPR: NV0041_CTRL_CMD_UPDATE_SURFACE_COMPRESSION
-#   on memory the caller already has;
-# - GET_MEM_ALIGNMENT: a query (NV2080_CTRL_CMD_FB_GET_MEM_ALIGNMENT);
-# - ALLOC_OS_DESCRIPTOR: NV01_MEMORY_SYSTEM_OS_DESCRIPTOR over the caller's own
-#   pages, host memory, passed uncharged through RM_ALLOC too.
-# Refused, with the driver's answer to a function it has no handler for
-# (NV_ERR_INVALID_ARGUMENT, RmDeprecatedVidHeapControl), so that to the tenant
-# it looks like a driver without it: any function not listed here, FREE,
-# INFO or an allocating one (layouts.ALLOCATING_FUNCTIONS); among the driver's,
-# HW_ALLOC (NV01_MEMORY_HW_RESOURCES, which the ledger does not size) and
-# HW_FREE (an RmFree of any handle, unseen by the ledger: a charged handle
-# freed that way could be reused by an allocation whose commit then fails).
-VID_HEAP_HARMLESS = frozenset({VidHeapFunction.RELEASE_COMPR, VidHeapFunction.REACQUIRE_COMPR,
-                               VidHeapFunction.GET_MEM_ALIGNMENT,
-                               VidHeapFunction.ALLOC_OS_DESCRIPTOR})
-
 DENY_EACCES = Verdict.deny(errno.EACCES)
 DENY_ENOMEM = Verdict.deny(errno.ENOMEM)
 DENY_EINVAL = Verdict.deny(errno.EINVAL)
 
 _MISSING = object()
-# nvidia-uvm calls after which UVM allocates video memory itself (from its
-# own allocator, outside RM's objects): migration to a GPU, the policies that
-# place or duplicate pages on one, and GPU semaphore pools.
-UVM_ALLOCATING = frozenset({UvmCmd.MIGRATE, UvmCmd.MIGRATE_RANGE_GROUP,
-                            UvmCmd.SET_PREFERRED_LOCATION, UvmCmd.SET_ACCESSED_BY,
-                            UvmCmd.ENABLE_READ_DUPLICATION, UvmCmd.ALLOC_SEMAPHORE_POOL})
-# RM_ALLOC_MEMORY classes other than the charged that pass: host memory and
-# the caller's own pages, and a VA range (RmDeprecatedAllocMemory's table).
-ALLOC_MEMORY_PASS = frozenset({NvClass.MEMORY_SYSTEM, NvClass.MEMORY_SYSTEM_OS_DESCRIPTOR,
-                               NvClass.MEMORY_VIRTUAL})
 _U32 = struct.Struct("=I")
 # Closed contexts whose tenant is remembered (a few hundred KiB at most).
 CLOSED_KEPT = 4096
-
-
-# --- what an allowed call waits for (by upcall id) ----------------------------
-
-
-@dataclass(slots=True)
-class _Charge:
-    """A reserved allocation: commit to the new handle, or release.
-
-    ``handle`` is the one decided on from the checked IOCTL upcall, or the one
-    the daemon named (0: the driver generates it, only without the truth
-    check); ``parent``, ``classes`` and ``status_off`` are what
-    the driver's truth is checked against and where a refusal is written."""
-
-    ctx: int
-    reservation: Reservation
-    client: int
-    handle: int = 0
-    parent: int = 0
-    classes: frozenset[int] = frozenset()
-    status_off: int = 0
-
-
-@dataclass(slots=True)
-class _Track:
-    """A client / device / subdevice alloc: track its handle in the tree."""
-
-    ctx: int
-    h_class: int
-    client: int
-    parent: int
-    gpu: int | None  # a device's GPU (deviceId)
-
-
-@dataclass(slots=True)
-class _Free:
-    ctx: int
-    key: Key
-
-
-@dataclass(slots=True)
-class _Dup:
-    ctx: int
-    client: int
-    parent: int
-    source: Key
-
-
-@dataclass(slots=True)
-class _FbView:
-    """FB_GET_INFO(_V2): rewrite the sizes the driver reports."""
-
-    ctx: int
-    tenant: str
-    gpu: int
-
-
-@dataclass(slots=True)
-class _HeapInfo:
-    """VID_HEAP_CONTROL INFO: rewrite total and free."""
-
-    ctx: int
-    tenant: str
-    gpu: int
-
-
-@dataclass(slots=True)
-class _Object:
-    """An object under a tenant object limit (ObjectLimits): counted once the
-    driver made it. Also what a counted object is once made."""
-
-    ctx: int
-    tenant: str
-    kind: str
-    client: int
-    parent: int
-    handle: int = 0  # decided on or named (0: the driver's, only without the truth check)
-
-
-_Pending = _Charge | _Track | _Free | _Dup | _FbView | _HeapInfo | _Object
 
 
 class QuotaPolicy:
@@ -275,14 +162,22 @@ class QuotaPolicy:
         # their devices may be unknown, so their GPU is guessed (_gpu_for).
         self._learned: set[int] = set()
         self.restored = frozenset(self._contexts)
-        self._pending: dict[int, _Pending] = {}  # upcall id -> what its POST completes
+        self._pending: dict[int, Pending] = {}  # upcall id -> what its POST completes
         self._tenants_seen: Sequence[Tenant] | None = None
         self._by_name: dict[str, Tenant] = {}
         self._gpu_indexes = frozenset(gpu.index for gpu in directory.gpus)
-        # Objects under a tenant object limit, and how many each tenant holds
-        # of each kind (a kind's in-flight allocations are in _pending).
-        self._objects: dict[Key, _Object] = {}
-        self._held: dict[tuple[str, str], int] = {}
+        # Objects under a tenant object limit (their in-flight allocations
+        # are in _pending).
+        self.objects = ObjectCounts()
+        # What a POST upcall of each record answers, and what its POST event
+        # (or a POST upcall with nothing to ask) completes.
+        self._post_upcall: dict[type, Callable[[Upcall, Any], Verdict | ObjQuery]] = {
+            Charge: self._truth, Counted: self._object_truth, FbView: self._fb_view,
+            HeapInfo: self._heap_info, Track: self._as_event, Free: self._as_event,
+            Dup: self._as_event}
+        self._post_event: dict[type, Callable[[Any, bool, int, bytes], None]] = {
+            Charge: self._commit, Track: self._track, Counted: self._count,
+            Free: self._free, Dup: self._dup, FbView: _nothing, HeapInfo: _nothing}
 
     # --- Policy ---
 
@@ -353,15 +248,9 @@ class QuotaPolicy:
         pending = self._pending.pop(upcall.id, None)
         if pending is None:
             return ALLOW
-        match pending:
-            case _FbView():
-                return self._fb_view(upcall, pending)
-            case _HeapInfo():
-                return self._heap_info(upcall, pending)
-            case _Charge():
-                return self._truth(upcall, pending)
-            case _Object() if pending.handle:
-                return self._object_truth(upcall, pending)
+        return self._post_upcall[type(pending)](upcall, pending)
+
+    def _as_event(self, upcall: Upcall, pending: Pending) -> Verdict:
         self._complete(pending, upcall.nr, upcall.ret, upcall.params)
         return ALLOW
 
@@ -482,7 +371,7 @@ class QuotaPolicy:
         self._learned.discard(ctx)
         for upcall_id in [i for i, p in self._pending.items() if p.ctx == ctx]:
             del self._pending[upcall_id]
-        self._objects_gone([k for k, o in self._objects.items() if o.ctx == ctx])
+        self.objects.discard(self.objects.of_context(ctx))
         if not isinstance(name, str):
             return
         try:
@@ -505,7 +394,7 @@ class QuotaPolicy:
         if h_class in DEVICE_MEMORY_CLASSES:
             alloc = call.alloc
             if not isinstance(alloc, MemoryAllocParams):
-                return Verdict.fail_status(_params_status(upcall, call.p_alloc_params),
+                return Verdict.fail_status(params_status(upcall, call.p_alloc_params),
                                            call.status_off)
             return self._reserve(upcall, tenant, call.h_root, call.h_parent, call.h_new,
                                  page_round(alloc.size, granule(alloc.attr, alloc.attr2,
@@ -516,7 +405,7 @@ class QuotaPolicy:
             if h_class == NvClass.DEVICE_0:
                 gpu = self._device_gpu(upcall, call)
                 if gpu is None:
-                    return Verdict.fail_status(_params_status(upcall, call.p_alloc_params),
+                    return Verdict.fail_status(params_status(upcall, call.p_alloc_params),
                                                call.status_off)
                 if not self._allows(tenant, gpu):
                     # As the driver answers a device instance that does not exist.
@@ -524,7 +413,7 @@ class QuotaPolicy:
                     return Verdict.fail_status(NvStatus.INVALID_CLASS, call.status_off)
             elif isinstance(call.alloc, DeviceAllocParams):
                 gpu = call.alloc.device_id
-            self._pending[upcall.id] = _Track(upcall.ctx_id, h_class, call.h_root,
+            self._pending[upcall.id] = Track(upcall.ctx_id, h_class, call.h_root,
                                               call.h_parent, gpu)
             return ALLOW
         return self._other_class(upcall, tenant, call)
@@ -550,11 +439,11 @@ class QuotaPolicy:
         if status_off is None:
             return ALLOW  # not NVOS21/NVOS64: the driver refuses it
         h_class = _U32.unpack_from(params, L.NVOS21.offsets["hClass"])[0]
-        if _refused_class(h_class):
+        if refused_class(h_class):
             return Verdict.fail_status(NvStatus.INVALID_CLASS, status_off)
         if h_class not in DEVICE_MEMORY_CLASSES:
             return ALLOW
-        return Verdict.fail_status(_params_status(upcall, 1), status_off)
+        return Verdict.fail_status(params_status(upcall, 1), status_off)
 
     def _rm_alloc_memory(self, upcall: Upcall, tenant: str, call: RmAllocMemory) -> Verdict:
         if call.h_class not in DEVICE_MEMORY_CLASSES and call.h_class not in ALLOC_MEMORY_PASS:
@@ -575,7 +464,7 @@ class QuotaPolicy:
         if function == VidHeapFunction.FREE:
             return self._rm_free(upcall, RmFree(call.h_root, call.h_parent, call.h_memory, 0))
         if function == VidHeapFunction.INFO:
-            return self._view(upcall, tenant, Key(call.h_root, call.h_parent), _HeapInfo)
+            return self._view(upcall, tenant, Key(call.h_root, call.h_parent), HeapInfo)
         if function in VID_HEAP_HARMLESS:
             return ALLOW
         alloc = call.alloc
@@ -622,14 +511,14 @@ class QuotaPolicy:
                      tenant, result.size, gpu, result.used, result.limit)
             self.observers.notify(QuotaExceeded(result))
             return Verdict.fail_status(NvStatus.NO_MEMORY, status_off)
-        self._pending[upcall.id] = _Charge(upcall.ctx_id, result, client, h_new, h_parent,
+        self._pending[upcall.id] = Charge(upcall.ctx_id, result, client, h_new, h_parent,
                                            classes, status_off)
         # The results come back in a POST upcall: the charge is the driver's truth.
         return verdict
 
     # --- the driver's truth (POST upcall of a reserved allocation) ---
 
-    def _truth(self, upcall: Upcall, pending: _Charge) -> Verdict | ObjQuery:
+    def _truth(self, upcall: Upcall, pending: Charge) -> Verdict | ObjQuery:
         """Ask the driver what the allocation made, whatever its results say.
 
         The results lie in the tenant's memory (the shadow, then its own
@@ -651,7 +540,7 @@ class QuotaPolicy:
 
         return ObjQuery(ops, resume)
 
-    def _charge_truth(self, pending: _Charge, handle: int, results: Sequence[ObjResult],
+    def _charge_truth(self, pending: Charge, handle: int, results: Sequence[ObjResult],
                       upcall: Upcall) -> Verdict | ObjQuery:
         klass, parent, size = results
         known = all(not r.error and r.status == NvStatus.OK for r in results)
@@ -689,7 +578,7 @@ class QuotaPolicy:
         self.observers.notify(QuotaExceeded(over))
         return self._undo(pending, key, pending.parent, size.value, upcall)
 
-    def _undo(self, pending: _Charge, key: Key, parent: int, size: int,
+    def _undo(self, pending: Charge, key: Key, parent: int, size: int,
               upcall: Upcall) -> ObjQuery:
         """Free what the driver made and answer out-of-memory; what cannot be
         freed is charged, over the limit if need be."""
@@ -708,7 +597,7 @@ class QuotaPolicy:
 
         return ObjQuery(free, freed)
 
-    def _settle(self, pending: _Charge, key: Key | None, upcall: Upcall) -> None:
+    def _settle(self, pending: Charge, key: Key | None, upcall: Upcall) -> None:
         """Nothing to charge: the reservation goes back."""
         r = pending.reservation
         try:
@@ -740,7 +629,7 @@ class QuotaPolicy:
         class it has no constructor for; objects that make video memory
         implicitly are counted against the tenant's object limits."""
         h_class = call.h_class
-        if _refused_class(h_class):
+        if refused_class(h_class):
             log.info("upcall %d: %s allocates class %#x: refused", upcall.id, tenant, h_class)
             return Verdict.fail_status(NvStatus.INVALID_CLASS, call.status_off)
         kind = LIMITED_CLASS_KIND.get(h_class)
@@ -754,8 +643,8 @@ class QuotaPolicy:
         t = self._tenant(tenant)
         limit = (t.limits if t is not None else ObjectLimits()).limit(kind)
         in_flight = sum(1 for p in self._pending.values()
-                        if isinstance(p, _Object) and p.tenant == tenant and p.kind == kind)
-        held = self._held.get((tenant, kind), 0)
+                        if isinstance(p, Counted) and p.tenant == tenant and p.kind == kind)
+        held = self.objects.held(tenant, kind)
         if held + in_flight >= limit:
             log.info("upcall %d: %s holds %d %s (%d in flight), its limit is %d: refused",
                      upcall.id, tenant, held, kind, in_flight, limit)
@@ -764,7 +653,7 @@ class QuotaPolicy:
         if self._truth_check:
             # Counted when the driver holds it, whatever the results say.
             verdict, handle = self._named(upcall, client, handle)
-        self._pending[upcall.id] = _Object(upcall.ctx_id, tenant, kind, client, parent, handle)
+        self._pending[upcall.id] = Counted(upcall.ctx_id, tenant, kind, client, parent, handle)
         return verdict
 
     def _named(self, upcall: Upcall, client: int, handle: int) -> tuple[Verdict, int]:
@@ -778,9 +667,11 @@ class QuotaPolicy:
         handle = name_handle(upcall.id, lambda h: Key(client, h) in ledger)
         return ALLOW_POST._replace(params=with_handle(upcall, handle)), handle
 
-    def _object_truth(self, upcall: Upcall, pending: _Object) -> ObjQuery:
+    def _object_truth(self, upcall: Upcall, pending: Counted) -> Verdict | ObjQuery:
         """POST upcall of a counted object: counted if the driver holds an
         object of its kind under the handle decided on."""
+        if not pending.handle:  # the driver's handle (no truth check): the results
+            return self._as_event(upcall, pending)
         op = ObjOp(pending.ctx, pending.client, 0, pending.handle, ObjOpKind.CLASS)
 
         def resume(results: Sequence[ObjResult] | None) -> Verdict:
@@ -795,7 +686,7 @@ class QuotaPolicy:
 
         return ObjQuery((op,), resume)
 
-    def _object_made(self, pending: _Object, handle: int) -> None:
+    def _object_made(self, pending: Counted, handle: int) -> None:
         """POST of a counted object: it exists from now on, until freed (with
         its parent, its client or its file). It joins the ledger's tree so
         that a free of anything above it is seen."""
@@ -809,88 +700,71 @@ class QuotaPolicy:
                              ledger.gpu_of(parent))
             except LedgerError as exc:  # counted all the same: a limit errs on the safe side
                 log.warning("object %s of %s not in the tree: %r", key, pending.tenant, exc)
-        old = self._objects.pop(key, None)
-        if old is not None:
-            self._uncount(old)
-        self._objects[key] = pending
-        slot = (pending.tenant, pending.kind)
-        self._held[slot] = self._held.get(slot, 0) + 1
-
-    def _objects_gone(self, keys: Iterable[Key]) -> None:
-        for key in keys:
-            obj = self._objects.pop(key, None)
-            if obj is not None:
-                self._uncount(obj)
-
-    def _uncount(self, obj: _Object) -> None:
-        slot = (obj.tenant, obj.kind)
-        left = self._held.get(slot, 0) - 1
-        if left > 0:
-            self._held[slot] = left
-        else:
-            self._held.pop(slot, None)
-
-    def object_counts(self) -> dict[tuple[str, str], int]:
-        """(tenant, kind) -> objects held under the tenant's object limits."""
-        return dict(self._held)
+        self.objects.add(key, pending)
 
     # --- frees and dups ---
 
     def _rm_free(self, upcall: Upcall, call: RmFree) -> Verdict:
         key = Key(call.h_root, call.h_object)
         if key in self.ledger:
-            self._pending[upcall.id] = _Free(upcall.ctx_id, key)
+            self._pending[upcall.id] = Free(upcall.ctx_id, key)
         return ALLOW
 
     def _rm_dup(self, upcall: Upcall, call: RmDupObject) -> Verdict:
         source = Key(call.h_client_src, call.h_object_src)
-        counted = self._objects.get(source)
+        counted = self.objects.get(source)
         if counted is not None:  # a second handle keeps the object: counted as one more
             return self._admit(upcall, counted.tenant, counted.kind, call.h_client,
                                call.h_parent, call.h_object, L.NVOS55.offsets["status"])
         if source in self.ledger:
-            self._pending[upcall.id] = _Dup(upcall.ctx_id, call.h_client, call.h_parent, source)
+            self._pending[upcall.id] = Dup(upcall.ctx_id, call.h_client, call.h_parent, source)
         return ALLOW
 
     # --- completion (POST) ---
 
-    def _complete(self, pending: _Pending, nr: int, ret: int, params: bytes) -> None:
+    def _complete(self, pending: Pending, nr: int, ret: int, params: bytes) -> None:
         status_off = L.status_offset(nr, len(params))
         ok = (ret == 0 and status_off is not None
               and _U32.unpack_from(params, status_off)[0] == NvStatus.OK)
         try:
-            self._apply(pending, ok, nr, params)
+            self._post_event[type(pending)](pending, ok, nr, params)
         except LedgerError as exc:
             log.warning("POST of %s: %r", type(pending).__name__, exc)
 
-    def _apply(self, pending: _Pending, ok: bool, nr: int, params: bytes) -> None:
-        ledger = self.ledger
-        match pending:
-            case _Charge(reservation=r):
-                handle = new_handle(nr, params) if ok else 0
-                if handle:
-                    try:
-                        ledger.commit(r, Key(pending.client, handle))
-                    except LedgerError:
-                        ledger.release(r)
-                        raise
-                else:
-                    ledger.release(r)
-                self.observers.notify(UsageChanged(r.tenant))
-            case _Track() if ok:
-                self._track(pending, new_handle(nr, params))
-            case _Object():
-                self._object_made(pending, new_handle(nr, params) if ok else 0)
-            case _Free() if ok:
-                freed = ledger.free(pending.key)
-                self._objects_gone(freed.keys)
-                for tenant in {r.tenant for r in freed.released}:
-                    self.observers.notify(UsageChanged(tenant))
-            case _Dup() if ok and (handle := new_handle(nr, params)):
-                key, parent = Key(pending.client, handle), Key(pending.client, pending.parent)
-                ledger.dup(pending.ctx, key, pending.source, parent if parent in ledger else None)
+    def _commit(self, pending: Charge, ok: bool, nr: int, params: bytes) -> None:
+        r, ledger = pending.reservation, self.ledger
+        handle = new_handle(nr, params) if ok else 0
+        if handle:
+            try:
+                ledger.commit(r, Key(pending.client, handle))
+            except LedgerError:
+                ledger.release(r)
+                raise
+        else:
+            ledger.release(r)
+        self.observers.notify(UsageChanged(r.tenant))
 
-    def _track(self, pending: _Track, handle: int) -> None:
+    def _count(self, pending: Counted, ok: bool, nr: int, params: bytes) -> None:
+        self._object_made(pending, new_handle(nr, params) if ok else 0)
+
+    def _free(self, pending: Free, ok: bool, nr: int, params: bytes) -> None:
+        if not ok:
+            return
+        freed = self.ledger.free(pending.key)
+        self.objects.discard(freed.keys)
+        for tenant in {r.tenant for r in freed.released}:
+            self.observers.notify(UsageChanged(tenant))
+
+    def _dup(self, pending: Dup, ok: bool, nr: int, params: bytes) -> None:
+        handle = new_handle(nr, params) if ok else 0
+        if not handle:
+            return
+        ledger = self.ledger
+        key, parent = Key(pending.client, handle), Key(pending.client, pending.parent)
+        ledger.dup(pending.ctx, key, pending.source, parent if parent in ledger else None)
+
+    def _track(self, pending: Track, ok: bool, nr: int, params: bytes) -> None:
+        handle = new_handle(nr, params) if ok else 0
         if not handle:
             return
         ledger = self.ledger
@@ -924,10 +798,10 @@ class QuotaPolicy:
                        else NvStatus.INVALID_ADDRESS)
                 return Verdict.fail_status(bad, status_off)
             return DENY_EINVAL
-        return self._view(upcall, tenant, Key(call.h_client, call.h_object), _FbView)
+        return self._view(upcall, tenant, Key(call.h_client, call.h_object), FbView)
 
     def _view(self, upcall: Upcall, tenant: str, target: Key,
-              kind: type[_FbView] | type[_HeapInfo]) -> Verdict:
+              kind: type[FbView] | type[HeapInfo]) -> Verdict:
         """A memory query of a tenant with a limit, on a GPU we can name: its
         results come back in a POST upcall to be rewritten."""
         t = self._tenant(tenant)
@@ -937,52 +811,22 @@ class QuotaPolicy:
         self._pending[upcall.id] = kind(upcall.ctx_id, tenant, gpu)
         return ALLOW_POST
 
-    def _usage(self, upcall: Upcall, pending: _FbView | _HeapInfo) -> Usage | None:
+    def _usage(self, upcall: Upcall, pending: FbView | HeapInfo) -> Usage | None:
         """The tenant's account, when the driver answered the query with success."""
-        status_off = L.status_offset(upcall.nr, len(upcall.params))
-        if (upcall.ret != 0 or status_off is None
-                or _U32.unpack_from(upcall.params, status_off)[0] != NvStatus.OK):
+        if not fbview.answered(upcall):
             return None
         try:
             return self.ledger.usage(pending.tenant, pending.gpu)
         except LedgerError:
             return None
 
-    def _fb_view(self, upcall: Upcall, pending: _FbView) -> Verdict:
-        data = upcall.data
+    def _fb_view(self, upcall: Upcall, pending: FbView) -> Verdict:
         usage = self._usage(upcall, pending)
-        if data is None or usage is None:
-            return ALLOW
-        values: dict[int, int] = dict.fromkeys(FB_LIMIT_INDEXES, usage.limit // 1024)
-        values[FbInfoIndex.HEAP_FREE] = usage.free // 1024
-        if len(data) == L.NV2080_CTRL_FB_GET_INFO_PARAMS.size:
-            return self._fb_list(upcall, values)
-        new = rewrite_fb_info_v2(data, values)
-        return ALLOW if new is None else Verdict.reply(data=new)
+        return ALLOW if usage is None else fbview.fb_view(upcall, usage)
 
-    @staticmethod
-    def _fb_list(upcall: Upcall, values: dict[int, int]) -> Verdict:
-        """FB_GET_INFO: the list lies behind a pointer in the control params. The
-        module copied it in the caller's context (VGPU_A_DATA2, the entries the
-        driver answered); a REPLY's DATA2 is written back there by the module."""
-        entries = upcall.data2
-        if entries is None or not entries or len(entries) % L.FB_INFO_ENTRY.size:
-            return ALLOW
-        try:
-            new = rewrite_fb_info(entries, values)
-        except DecodeError:
-            return ALLOW
-        return ALLOW if new is None else Verdict.reply(data2=new)
-
-    def _heap_info(self, upcall: Upcall, pending: _HeapInfo) -> Verdict:
-        """VID_HEAP_CONTROL INFO: total and free in bytes (the driver's are KiB
-        multiples), the largest free block no larger than the tenant's free."""
+    def _heap_info(self, upcall: Upcall, pending: HeapInfo) -> Verdict:
         usage = self._usage(upcall, pending)
-        if usage is None:
-            return ALLOW
-        new = rewrite_vid_heap_info(upcall.params, usage.limit >> 10 << 10,
-                                    usage.free >> 10 << 10)
-        return ALLOW if new is None else Verdict.reply(params=new)
+        return ALLOW if usage is None else fbview.heap_info(upcall, usage)
 
     # --- nvidia-uvm ---
 
@@ -1023,20 +867,5 @@ class QuotaPolicy:
         return ALLOW
 
 
-def _params_status(upcall: Upcall, pointer: int) -> int:
-    """The status the driver gives alloc params it cannot take
-    (serverAllocApiCopyIn: their size is the class's, paramsSize unread)."""
-    if upcall.flags & UPCALL_F_DATA_FAULT:
-        return NvStatus.INVALID_ADDRESS
-    if not pointer:
-        return NvStatus.INVALID_ARGUMENT  # required params, NULL pointer
-    return NvStatus.INVALID_PARAM_STRUCT  # copied, but not of the class's layout
-
-
-def _refused_class(h_class: int) -> bool:
-    """A memory class refused by name, or an unknown class of the range where
-    RM numbers its memory classes (vgpud.nvidia.escapes)."""
-    return h_class in REFUSED_MEMORY_CLASSES or (
-        h_class in SYSTEM_CLASS_RANGE and h_class not in SYSTEM_OBJECT_CLASSES
-        and h_class not in UNCHARGED_MEMORY_CLASSES and h_class not in DEVICE_MEMORY_CLASSES
-        and h_class not in TREE_CLASSES)
+def _nothing(pending: Pending, ok: bool, nr: int, params: bytes) -> None:
+    """A POST event of a view: its POST upcall, if any, rewrote the answer."""
