@@ -145,11 +145,8 @@ def build_quota(config_path: Path | None = None, dbus: str = "try",
                                  interval=config.probes.interval_ms / 1000,
                                  helper=probes_helper or config.probes.helper)
     app = App(manager, quota, tracker, scheduler, journal=journal, dbus=dbus, cgroups=cgroups,
-              probes=probe_service)
-    app.fs_wanted = fs and config.fs.enabled
-    app.metrics_helper = metrics_helper
-    app.inventory = tuple(gpus)
-    app.cdi = _spec_keeper(manager)
+              probes=probe_service, cdi=_spec_keeper(manager), inventory=tuple(gpus),
+              fs=fs and config.fs.enabled, metrics_helper=metrics_helper)
     subs = app.subscriptions
     if journal is not None:
         subs.add(ledger.observers, journal)
@@ -189,10 +186,16 @@ class App:
     def __init__(self, manager: Manager, quota: QuotaPolicy, tracker: GroupTracker,
                  scheduler: SchedulerService, *, journal: ChargeAndGroupJournal | None = None,
                  dbus: str = "try", cgroups: CgroupPaths | None = None,
-                 probes: ProbeService | None = None) -> None:
+                 probes: ProbeService | None = None, cdi: SpecKeeper | None = None,
+                 inventory: tuple[GpuInfo, ...] = (), fs: bool = False,
+                 metrics_helper: Path | None = None) -> None:
         """``cgroups``: the paths the quota policy looks up for contexts opened
         before this daemon, found at ``attach``. ``probes``: the latency probes,
-        started once the daemon is registered."""
+        started once the daemon is registered. ``cdi``: the CDI spec's keeper,
+        started with the admin API, which its hook calls. ``inventory``: the
+        GPUs' UUIDs and bus ids, for the views. ``fs``: mount the file view
+        (vgpud.fsview) with the channel. ``metrics_helper``: vgpud-metrics'
+        socket (--metrics-helper), over [metrics] helper."""
         self.manager = manager
         self.quota = quota
         self.tracker = tracker
@@ -211,14 +214,11 @@ class App:
         self._metrics_settings: MetricsSettings | None = None
         self._metrics_lock = asyncio.Lock()
         self._reconfigure: asyncio.Task[None] | None = None
-        # --metrics-helper: vgpud-metrics' socket, over [metrics] helper.
-        self.metrics_helper: Path | None = None
-        # The CDI spec's keeper: started with the admin API, which its hook calls.
-        self.cdi: SpecKeeper | None = None
-        # The file view (vgpud.fsview): mounted with the channel, unless --no-fs.
-        self.fs_wanted = False
+        self.metrics_helper = metrics_helper
+        self.cdi = cdi
+        self.fs_wanted = fs
         self.fs: FsView | None = None
-        self.inventory: tuple[GpuInfo, ...] = ()  # UUIDs and bus ids for the views
+        self.inventory = inventory
         self._bus: MessageBus | None = None
         self._running: list[Service] = []  # started by serve(), in order
 
