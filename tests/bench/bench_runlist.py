@@ -8,8 +8,9 @@ SAMPLE_US. Prints, per tenant count: the planner's own CPU time per second of
 simulated time (its handle/tick calls only, not the plant's), actions per
 second in the last half, the worst share error against weight / total weight
 over the last half (percentage points of the busy time), the switching loss,
-and when the feedback last changed a boost (its windows span 128 planned
-rounds, so with many tenants they are long). Then, in samples until every
+and when the feedback last changed a timeslice (its windows span 128 planned
+rounds, so with many tenants they are long; a boost that moves within the
+hysteresis changes none). Then, in samples until every
 later sample is within 1 point: 1 group against 8 at 1:1, and a tenant wound
 up below its share that then saturates. Last, a priority tenant's submit-to-run
 wait (1 ms of work 40 ms after the last ran dry, 100 wakes) behind n saturating
@@ -66,13 +67,13 @@ def bench(n: int, seconds: int) -> tuple[float, float, float, float, int]:
     weights = {f"t{i:02}": rng.randint(1, 10) for i in range(n)}
     for tid, w in weights.items():
         lp.add(tid, w, [Demand(overrun_us=OVERRUN_US)] * rng.randint(1, 3))
-    settled, boosts = 0, planner.boosts()
+    settled, slices = 0, planner.timeslices()
     for second in range(1, seconds + 1):
         if second == seconds // 2 + 1:
             half = len(lp.actions)
         lp.run(SAMPLE_US)
-        if planner.boosts() != boosts:
-            settled, boosts = second, planner.boosts()
+        if planner.timeslices() != slices:
+            settled, slices = second, planner.timeslices()
     total = sum(weights.values())
     want = {t: 100 * w / total for t, w in weights.items()}
     shares = lp.busy_shares(len(lp.samples) // 2)

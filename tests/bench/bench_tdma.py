@@ -24,18 +24,24 @@ def bench(weights: list[int], config: TdmaConfig) -> tuple[float, float, float, 
     sched = TdmaScheduler(config)
     end = SECONDS * 1_000_000
     switches = 0
+    used = dict.fromkeys((f"t{i:02}" for i in range(len(weights))), 0)  # from `running`
     cpu = time.process_time()
     for i, weight in enumerate(weights):
         sched.handle(TenantAdded(f"t{i:02}", weight), 0)
         sched.handle(GroupCreated(f"t{i:02}", i), 0)
         sched.handle(Runnable(f"t{i:02}"), 0)
+    last = 0
     while (deadline := sched.next_deadline()) is not None and deadline < end:
         before = sched.running
         sched.tick(deadline)
+        if before is not None:
+            used[before] += deadline - last
+        last = deadline
         switches += sched.running != before
+    if sched.running is not None:
+        used[sched.running] += end - last
     sched.tick(end)
     cpu = time.process_time() - cpu
-    used = sched.usage_us()
     error = max(abs(used[f"t{i:02}"] / end - w / sum(weights)) for i, w in enumerate(weights))
     return 100 * error, switches * SWITCH_US / end, switches / SECONDS, cpu / SECONDS
 

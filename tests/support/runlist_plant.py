@@ -33,7 +33,7 @@ from vgpud.core.runlist import (
     SetInterleave,
     SetTimeslice,
 )
-from vgpud.core.tdma import GroupCreated, GroupsOff, GroupsOn, TenantAdded
+from vgpud.core.tdma import GroupCreated, GroupsOff, GroupsOn, TenantAdded, TenantRemoved
 
 DEFAULT_TIMESLICE_US = 1_024  # a new TSG's slice (the driver's default)
 MAX_PENDING_US = 50_000  # work a fractional group banks while it waits
@@ -275,9 +275,14 @@ class Loop:
     _next_group: int = 0
     _last_busy: dict[str, int] = field(default_factory=dict)
     _next_sample: int | None = None
+    _tenants: set[str] = field(default_factory=set)  # those the planner knows
 
     def event(self, event: Event) -> list[Action]:
         actions = self.planner.handle(event, self.plant.now)
+        if isinstance(event, TenantAdded):
+            self._tenants.add(event.tenant)
+        elif isinstance(event, TenantRemoved):
+            self._tenants.discard(event.tenant)
         self._do(actions)
         return actions
 
@@ -317,7 +322,7 @@ class Loop:
         self.samples.append((self.plant.now, {t: b - self._last_busy.get(t, 0)
                                               for t, b in busy.items()}))
         self._last_busy = busy
-        known = {t: b for t, b in busy.items() if t in self.planner.boosts()}
+        known = {t: b for t, b in busy.items() if t in self._tenants}
         self._do(self.planner.handle(BusySample(known), self.plant.now))
 
     def shares(self, last: int) -> dict[str, float]:

@@ -1,5 +1,8 @@
 """ModuleActuator's v7 ops: TIMESLICE and PREEMPT entries, through the fake module.
 
+Entries go in as the scheduler service sends them: built by timeslice_entries
+and preempt_entries (as vgpud.sched.modes.to_entries does) and given to ``run``.
+
 The channel is vgpud's GenlChannel on a socketpair with tests/support/fakekernel,
 which checks the entries as the module does (an unknown op, or an arg where
 the op takes none, refuses the message), so the bytes on the wire are judged.
@@ -64,11 +67,12 @@ def test_entries() -> None:
             timeslice_entries([(A, bad)])
 
 
-def test_set_timeslices_and_preempt_reach_the_module() -> None:
+def test_timeslice_and_preempt_entries_reach_the_module() -> None:
     async def body(act: ModuleActuator, kernel: FakeKernel) -> None:
-        assert await act.set_timeslices([(A, 2048), (B, 0), (GONE, 1024)]) == [
+        assert await act.run(timeslice_entries([(A, 2048), (B, 0), (GONE, 1024)])) == [
             SchedResult(0, 0), SchedResult(0, NOT_SUPPORTED), SchedResult(-errno.ENOENT, 0)]
-        assert await act.preempt([A, GONE]) == [SchedResult(0, 0), SchedResult(-errno.ENOENT, 0)]
+        assert await act.run(preempt_entries([A, GONE])) == [
+            SchedResult(0, 0), SchedResult(-errno.ENOENT, 0)]
         assert kernel.schedules == [timeslice_entries([(A, 2048), (B, 0), (GONE, 1024)]),
                                     preempt_entries([A, GONE])]
         s = act.stats
@@ -95,7 +99,7 @@ def test_chunks_keep_one_result_per_entry() -> None:
     groups = [GroupRef(1, 0xC1, h) for h in range(uapi.SCHED_MAX + 3)]
 
     async def body(act: ModuleActuator, kernel: FakeKernel) -> None:
-        out = await act.set_timeslices((g, 1000 + g.h_object) for g in groups)
+        out = await act.run(timeslice_entries((g, 1000 + g.h_object) for g in groups))
         assert out == [SchedResult(0, 0)] * len(groups)
         assert [len(c) for c in kernel.schedules] == [uapi.SCHED_MAX, 3]
         assert [e.arg for c in kernel.schedules for e in c] == [1000 + g.h_object for g in groups]
@@ -105,7 +109,8 @@ def test_chunks_keep_one_result_per_entry() -> None:
 
 def test_a_node_that_is_not_nvidiactl() -> None:
     async def body(act: ModuleActuator, kernel: FakeKernel) -> None:
-        assert await act.preempt([GroupRef(2, 0xC1, 0xA1)]) == [SchedResult(-errno.EINVAL, 0)]
+        assert await act.run(preempt_entries([GroupRef(2, 0xC1, 0xA1)])) == [
+            SchedResult(-errno.EINVAL, 0)]
         assert act.stats.failed == 1
 
     with_actuator(body, contexts=[make_context(1), make_context(2, Node.GPU, minor=0)])

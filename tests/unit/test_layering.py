@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,59 @@ def test_every_module_ships_for_production() -> None:
         parents = [".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)]
         todo += [n for n in (*graph[module], *parents) if n in graph]
     assert sorted(m for m in graph if m not in reached) == []
+
+
+# Public functions the tests reach that vgpud never names. Each says why it stays;
+# keep this short: a name here is production code only tests call.
+TEST_ONLY_ALLOWED = {
+    "init": "vgpud.fsview.ops.FileView: mfusepy calls its Operations by name",
+    "tick": "the cores' documented shorthand for handle(Tick(), now); the daemon sends Tick",
+    "frame_end_us": "vgpud.core.tdma: a view of the frame only tests read (to remove)",
+    "lat_call": "vgpud.probes.layout: the latency map's key, as the BPF side builds it",
+    "query_module_stats": "vgpud.kernel.channel: the module's counters, for the VM tests",
+}
+
+
+def names_used(paths: Iterable[Path]) -> set[str]:
+    """Every name read or written, attribute or imported in ``paths``: a loose
+    match (any object's ``x.run`` counts for every ``def run``)."""
+    names: set[str] = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Name):
+                names.add(node.id)
+            elif isinstance(node, ast.Attribute):
+                names.add(node.attr)
+            elif isinstance(node, ast.alias):
+                names.add(node.name.rpartition(".")[2])
+    return names
+
+
+def public_defs() -> dict[str, list[str]]:
+    """Public function and method names defined under vgpud/ -> where. Left
+    out: those a called decorator registers (click commands, D-Bus members),
+    which their framework calls by name."""
+    defs: dict[str, list[str]] = {}
+    for path in sorted(VGPUD.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                    and not node.name.startswith("_")
+                    and not any(isinstance(d, ast.Call) for d in node.decorator_list)):
+                where = f"{path.relative_to(VGPUD.parent)}:{node.lineno}"
+                defs.setdefault(node.name, []).append(where)
+    return defs
+
+
+def test_no_public_function_is_there_for_the_tests_alone() -> None:
+    """A function or method defined under vgpud/ that the tests call is named
+    somewhere in vgpud/ (or tools/, or is an entry point) too. A name scan: it
+    misses a test-only method that shares its name with anything vgpud names."""
+    root = VGPUD.parent
+    scripts = tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]
+    production = (names_used(VGPUD.rglob("*.py")) | names_used((root / "tools").rglob("*.py"))
+                  | {target.partition(":")[2] for target in scripts.values()})
+    tested = names_used((root / "tests").rglob("*.py"))
+    test_only = {name: where for name, where in public_defs().items()
+                 if name in tested and name not in production}
+    assert {n: w for n, w in test_only.items() if n not in TEST_ONLY_ALLOWED} == {}
+    assert sorted(n for n in TEST_ONLY_ALLOWED if n not in test_only) == []  # no stale entry

@@ -356,10 +356,6 @@ class RunlistPlanner:
         """The tenants with a group switched on (all but weight 0 and a cap's off phase)."""
         return frozenset(tid for (tid, _), on in self._on.items() if on)
 
-    def boosts(self) -> dict[str, float]:
-        """Each tenant's feedback factor, in [1/max_boost, max_boost] (1: nominal)."""
-        return {tid: math.exp(t.log_boost) for tid, t in self._tenants.items()}
-
     def next_deadline(self) -> int | None:
         """The next cap duty-cycle edge, or None when no tenant is capped."""
         if self._now is None:

@@ -212,7 +212,6 @@ class _Tenant:
     debt: int = 0  # time run past its slots' ends, not yet paid back
     rem: int = 0  # quantum remainder, in units of 1/rem_den us
     rem_den: int = 0
-    used_us: int = 0
     frame_used_us: int = 0
 
 
@@ -309,10 +308,6 @@ class TdmaScheduler:
     def frame_end_us(self) -> int | None:
         """End of the current frame; None before the first call."""
         return None if self._now is None else self._frame_end
-
-    def usage_us(self) -> dict[str, int]:
-        """GPU time given to each tenant so far, in microseconds."""
-        return {tid: t.used_us for tid, t in self._tenants.items()}
 
     def next_deadline(self) -> int | None:
         """When the scheduler must be called again (with `tick`), or None."""
@@ -416,7 +411,6 @@ class TdmaScheduler:
             late = min(spent, max(0, now - self._slot_end))  # past the slot's planned end
             tenant.deficit -= spent - late
             tenant.debt += late
-            tenant.used_us += spent
             tenant.frame_used_us += spent
         self._now = now
 

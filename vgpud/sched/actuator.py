@@ -18,12 +18,13 @@ the open code (docs nvidia-abi-facts: U). It would plug in here as another
 Actuator: ``apply`` gets the same ordered entries, and would map each group
 to its channels and issue one control per 64 of them.
 
-Since protocol v7 the same command carries two more ops (``RunlistActuator``):
-TIMESLICE (NVA06C_CTRL_CMD_SET_TIMESLICE, ``arg`` us) and PREEMPT
-(NVA06C_CTRL_CMD_PREEMPT, bWait 0), issued the same way in the owner's client
-context. Their callers need each entry's outcome (a driver that refuses
-timeslice changes sends the daemon back to frame mode), so ``set_timeslices``
-and ``preempt`` return the results, one per entry, besides counting them.
+Since protocol v7 the same command carries two more ops (``timeslice_entries``,
+``preempt_entries``): TIMESLICE (NVA06C_CTRL_CMD_SET_TIMESLICE, ``arg`` us) and
+PREEMPT (NVA06C_CTRL_CMD_PREEMPT, bWait 0), issued the same way in the owner's
+client context. Their caller (the scheduler service, through its SchedActuator)
+needs each entry's outcome (a driver that refuses timeslice changes sends the
+daemon back to frame mode), so ``ModuleActuator.run`` returns the results, one
+per entry, besides counting them.
 Protocol v8 adds INTERLEAVE (NVA06C_CTRL_CMD_SET_INTERLEAVE_LEVEL, ``arg`` the
 level), which the driver allows a caller with CAP_SYS_NICE: the module issues
 it in the daemon's process.
@@ -43,8 +44,8 @@ from vgpud.kernel import uapi
 from vgpud.kernel.uapi import Sched, SchedResult, SchedState
 from vgpud.nvidia.escapes import NvStatus
 
-__all__ = ["Actuator", "ActuatorStats", "GroupRef", "ModuleActuator", "RunlistActuator",
-           "ScheduleChannel", "level_entries", "preempt_entries", "timeslice_entries"]
+__all__ = ["Actuator", "ActuatorStats", "GroupRef", "ModuleActuator", "ScheduleChannel",
+           "level_entries", "preempt_entries", "timeslice_entries"]
 
 log = logging.getLogger(__name__)
 
@@ -121,19 +122,6 @@ class Actuator(Protocol):
         ...
 
 
-class RunlistActuator(Actuator, Protocol):
-    """An actuator that also sets timeslices and preempts (protocol v7)."""
-
-    async def set_timeslices(
-            self, slices: Iterable[tuple[GroupRef, int]]) -> list[SchedResult | None]:
-        """SET_TIMESLICE each group to its us; one result per entry (None: no answer)."""
-        ...
-
-    async def preempt(self, groups: Iterable[GroupRef]) -> list[SchedResult | None]:
-        """PREEMPT each group; one result per entry (None: no answer)."""
-        ...
-
-
 class ModuleActuator:
     """Entries go to the module in calls of at most SCHED_MAX."""
 
@@ -144,13 +132,6 @@ class ModuleActuator:
 
     async def apply(self, entries: Sequence[Sched]) -> None:
         await self.run(entries)
-
-    async def set_timeslices(
-            self, slices: Iterable[tuple[GroupRef, int]]) -> list[SchedResult | None]:
-        return await self.run(timeslice_entries(slices))
-
-    async def preempt(self, groups: Iterable[GroupRef]) -> list[SchedResult | None]:
-        return await self.run(preempt_entries(groups))
 
     async def run(self, entries: Sequence[Sched]) -> list[SchedResult | None]:
         """As ``apply``, and each entry's result (None: its call got no answer)."""
