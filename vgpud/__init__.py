@@ -10,7 +10,9 @@ D-Bus API), ``store`` (config, state, journal), ``host`` (OS glue),
 ``probes`` (eBPF latency probes), ``metrics`` (Prometheus), ``fsview`` (the
 file view) and ``cdi`` (CDI specs for container runtimes). ``app`` makes and
 wires them all; ``daemon`` runs the process; ``cli`` is vgpuctl;
-``lograte`` bounds how often one kind of log line is written.
+``lograte`` bounds how often one kind of log line is written; ``wire`` is
+the one frame format the daemon and its helpers (vgpud-probes,
+vgpud-fsmount, vgpud-metrics) speak.
 """
 
 __version__ = "0.1.0"

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,7 +31,7 @@ from tests.support.contexts import close_context, open_context, usage_changed
 from tests.support.workloads import writes
 from vgpud.admin.manager import Manager
 from vgpud.core.ledger import Key, Reservation
-from vgpud.fsview.mountfd import HelperError, request
+from vgpud.fsview.mountfd import REPLY_MAX, HelperError, decode_reply, request
 from vgpud.fsview.ops import MAX_HANDLES_PER_UID
 from vgpud.fsview.service import FsView, context_views
 from vgpud.fsview.snapshot import ContextView
@@ -38,6 +39,7 @@ from vgpud.fsview.values import MAX_WRITE
 from vgpud.kernel.uapi import Context, Node
 from vgpud.store.config import FsSettings
 from vgpud.store.state import load_state
+from vgpud.wire import read_frame
 
 T = TypeVar("T")
 ADMIN_GROUP, ADMIN_GID = "users", 100  # an admin group every Debian has
@@ -501,3 +503,29 @@ def test_helper_refuses_other_users_and_other_descriptors(helper: Path, public: 
     with pytest.raises(HelperError, match="unknown request"):
         request("mount /etc", None, helper)
     assert not is_mounted(public / "view")
+
+
+@pytest.mark.parametrize(("sent", "says"), [
+    (b"mount\n", "malformed request: the stream ended"),  # the old one-line request
+    (b"mount please\n", "malformed request: no frame header"),
+    (b"VGW\x02\x0e\x00\x00\x00" + b'{"op":"mount"}', "malformed request: wire format version 2"),
+    (b"VGW\x01\xff\xff\x00\x00" + b"{", "malformed request: a frame of 65535 bytes"),
+    (b"VGW\x01\x0e\x00\x00\x00" + b'{"op":"mount"', "malformed request: the stream ended"),
+    (b"VGW\x01\x05\x00\x00\x00" + b"mount", "malformed request: not a JSON body"),
+])
+def test_helper_answers_what_is_no_request_and_lives_on(helper: Path, public: Path,
+                                                        sent: bytes, says: str) -> None:
+    """Bytes that are no request (with a /dev/fuse descriptor): answered
+    ERR, nothing mounted, the descriptor closed, the next request served."""
+    with socket.socket(socket.AF_UNIX) as sock, open("/dev/fuse", "rb") as fuse:
+        sock.settimeout(30)
+        sock.connect(str(helper))
+        socket.send_fds(sock, [sent], [fuse.fileno()])
+        sock.shutdown(socket.SHUT_WR)
+        body = read_frame(sock.recv, REPLY_MAX)
+    assert body is not None
+    ok, text = decode_reply(body)
+    assert not ok and text.startswith(says), text
+    assert not is_mounted(public / "view")
+    with pytest.raises(HelperError, match="takes one descriptor"):
+        request("mount", None, helper)

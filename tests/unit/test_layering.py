@@ -46,7 +46,7 @@ SANS_IO = [
     "vgpud.probes.histograms", "vgpud.probes.layout", "vgpud.probes.render",
     "vgpud.fsview.snapshot", "vgpud.fsview.render", "vgpud.fsview.values",
     "vgpud.metrics.snapshot", "vgpud.metrics.families", "vgpud.metrics.listen",
-    "vgpud.metrics.wire",
+    "vgpud.metrics.wire", "vgpud.wire", "vgpud.probes.wire",
     "vgpud.cdi.spec", "vgpud.cdi.hook",
 ]
 

@@ -157,6 +157,8 @@ def send_first(conn: socket.socket, kind: str) -> None:
     """What a client other than the daemon might send first."""
     if kind == "no descriptor":
         conn.sendall(HELLO)
+    elif kind == "the old hello":  # one byte b"L", then a frame
+        socket.send_fds(conn, [b"L" + frame(b"x")], [conn.fileno()])
     elif kind == "a frame":
         conn.sendall(frame(b"x"))
     else:
@@ -170,8 +172,9 @@ def send_first(conn: socket.socket, kind: str) -> None:
 
 
 @pytest.mark.parametrize(("kind", "says"), [
-    ("no descriptor", "expected b'L' with one descriptor, got b'L' with 0"),
-    ("a frame", "expected b'L' with one descriptor, got b'V' with 0"),
+    ("no descriptor", "expected HELLO with one descriptor, got 0"),
+    ("a frame", "expected HELLO with one descriptor: not a JSON body"),
+    ("the old hello", "expected HELLO with one descriptor: no frame header"),
     ("udp", "the descriptor is no listening TCP socket"),
     ("unix listener", "the descriptor is no listening TCP socket"),
 ])

@@ -26,15 +26,16 @@ from vgpud.probes.layout import LAT_SLOTS, LAT_TOTAL, lat_call
 from vgpud.probes.remote import RemoteProbes, helper_reason
 from vgpud.probes.service import ProbeService
 from vgpud.probes.wire import (
+    REPLY_MAX,
     REQUEST_MAX,
     Op,
     Request,
     Status,
     decode_reply,
     encode_request,
-    frame,
 )
 from vgpud.store.config import ConfigError, parse_config
+from vgpud.wire import HEADER_SIZE, MAGIC, body_length, frame
 
 CALL = lat_call(0x2B, 0x40)
 KEY = (7, LAT_TOTAL, CALL)
@@ -116,7 +117,7 @@ def connect(path: Path) -> socket.socket:
 
 
 def recv_reply(s: socket.socket, op: Op) -> tuple[Status, object, str]:
-    (n,) = struct.unpack("!I", recv_exact(s, 4))
+    n = body_length(recv_exact(s, HEADER_SIZE), REPLY_MAX)
     reply = decode_reply(op, recv_exact(s, n))
     return reply.status, reply.value, reply.text
 
@@ -131,7 +132,7 @@ def recv_exact(s: socket.socket, n: int) -> bytes:
 
 
 def ask(s: socket.socket, req: Request) -> tuple[Status, object, str]:
-    s.sendall(frame(encode_request(req)))
+    s.sendall(frame(encode_request(req), REQUEST_MAX))
     return recv_reply(s, req.op)
 
 
@@ -167,17 +168,37 @@ def test_malformed_requests_get_an_error_and_change_nothing(
         assert ask(s, Request(Op.LOAD))[0] is Status.OK
         probes = FakeProbes.made[0]
         before = dict(probes.map)
-        for body in (b"", bytes([99]), bytes([Op.READ, 1]), bytes([Op.DELETE, 0, 0, 0, 2]),
-                     bytes([Op.DELETE]) + struct.pack("!I", 1) + b"\0" * 23):
-            s.sendall(frame(body))
+        for body in (b"", b"\x99", b'{"op":"nope"}', b'{"op":"read","keys":[]}',
+                     b'{"op":"delete"}', b'{"op":"delete","keys":[[1,2]]}',
+                     b'{"op":"delete","keys":[[1,2,-1]]}', b'["delete",[[7,0,1]]]'):
+            s.sendall(frame(body, REQUEST_MAX))
             status, _, text = recv_reply(s, Op.LOAD)
             assert status is Status.ERR and "malformed" in text, body
         # A frame past the bound: its bytes are skipped, the stream stays in step.
-        s.sendall(struct.pack("!I", REQUEST_MAX + 1) + b"\xff" * (REQUEST_MAX + 1))
+        s.sendall(MAGIC + struct.pack("<I", REQUEST_MAX + 1) + b"\xff" * (REQUEST_MAX + 1))
         assert recv_reply(s, Op.LOAD)[0] is Status.ERR
         assert probes.map == before and not probes.closed
         assert ask(s, Request(Op.READ))[1] == before
     wait_closed(probes)
+
+
+@pytest.mark.parametrize("header", [b"VGW\x02\x0d\x00\x00\x00", b"\x00\x00\x00\x0dVGW\x01",
+                                    b"GET / HT"])
+def test_a_header_not_ours_is_answered_then_the_connection_closed(
+        server: tuple[Path, dict[str, object]], header: bytes) -> None:
+    """Another version, the old big-endian framing, or no frame at all: the
+    stream is out of step, so the helper answers ERR and closes (detaching
+    that connection's probes); it serves the next connection."""
+    path, _ = server
+    with connect(path) as s:
+        assert ask(s, Request(Op.LOAD))[0] is Status.OK
+        s.sendall(header + b'{"op":"read"}')
+        status, _, text = recv_reply(s, Op.READ)
+        assert status is Status.ERR and "malformed" in text
+        assert s.recv(1) == b""
+    wait_closed(FakeProbes.made[0])
+    with connect(path) as s:
+        assert ask(s, Request(Op.LOAD))[0] is Status.OK
 
 
 def test_a_failing_probe_call_is_an_error_reply(server: tuple[Path, dict[str, object]]) -> None:
@@ -206,11 +227,12 @@ def test_a_peer_not_root_is_refused(server: tuple[Path, dict[str, object]]) -> N
         pytest.skip("needs root to connect as another uid")
     path, _ = server
     code = (
-        "import socket,struct,sys\n"
-        "from vgpud.probes.wire import Op, Request, encode_request, frame, decode_reply\n"
+        "import socket,sys\n"
+        "from vgpud.probes.wire import Op, Request, encode_request, decode_reply\n"
+        "from vgpud.wire import frame, read_frame\n"
         "s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect(sys.argv[1])\n"
-        "s.sendall(frame(encode_request(Request(Op.LOAD))))\n"
-        "n, = struct.unpack('!I', s.recv(4)); r = decode_reply(Op.LOAD, s.recv(n))\n"
+        "s.sendall(frame(encode_request(Request(Op.LOAD)), 64))\n"
+        "r = decode_reply(Op.LOAD, read_frame(s.recv, 4096))\n"
         "print(r.status.name, r.text)\n")
     out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                           sys.executable, "-c", code, str(path)], capture_output=True, text=True,

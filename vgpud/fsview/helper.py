@@ -3,7 +3,8 @@
 One request per connection (systemd's vgpud-fsmount.socket, Accept=yes,
 starts one vgpud-fsmount@.service per connection and passes it as fd 3;
 ``--listen PATH`` serves a socket itself, for tests and systems without
-systemd). The peer must be uid 0 (SO_PEERCRED). Requests:
+systemd). The peer must be uid 0 (SO_PEERCRED). Requests (frames of
+vgpud.wire, their bodies in vgpud.fsview.mountfd):
 
 - ``mount`` with a /dev/fuse descriptor (SCM_RIGHTS): lazily unmount what is
   at the config's [fs] mountpoint, then mount a FUSE file system there on
@@ -11,7 +12,9 @@ systemd). The peer must be uid 0 (SO_PEERCRED). Requests:
 - ``umount``: lazily unmount it.
 
 The mountpoint comes from the config file the helper reads itself, never
-from the client. The reply is one line: ``OK <mountpoint>`` or ``ERR <why>``.
+from the client. The reply is OK with the mountpoint, or ERR with why; a
+request that is no frame, or no request, is answered ERR like any refusal,
+acting on nothing, and the connection closed.
 """
 
 from __future__ import annotations
@@ -20,15 +23,15 @@ import logging
 import os
 import socket
 import stat
-import struct
 import sys
 from pathlib import Path
 
 import click
 
-from vgpud.fsview.mountfd import mount, umount_detach
+from vgpud.fsview.mountfd import REPLY_MAX, REQUEST_MAX, encode_reply, mount, umount_detach
 from vgpud.host.systemd import listen_unix, passed_socket, peer_uid
 from vgpud.store.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
+from vgpud.wire import WireError, as_object, as_str, decode, frame, read_frame
 
 __all__ = ["main", "mount_data", "parse_request", "serve_connection"]
 
@@ -36,26 +39,27 @@ log = logging.getLogger("vgpud-fsmount")
 
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x2, 0x4, 0x8
 FUSE_MAJOR, FUSE_MINOR = 10, 229  # /dev/fuse
-REQUEST_MAX = 64
+FDS_MAX = 4  # descriptors taken from one request (more are closed by the kernel)
 
 
 class Refused(Exception):
     """A request that is answered ERR."""
 
 
-def parse_request(data: bytes, fds: list[int]) -> str:
+def parse_request(body: bytes, fds: list[int]) -> str:
     """``mount`` (with exactly one descriptor) or ``umount`` (with none)."""
-    if not data.endswith(b"\n") or data.count(b"\n") != 1:
-        raise Refused("a request is one line")
-    verb = data[:-1].decode("ascii", errors="replace")
-    if verb == "mount" and len(fds) == 1:
-        return verb
-    if verb == "umount" and not fds:
-        return verb
-    if verb in ("mount", "umount"):
-        raise Refused(f"{verb} takes {'one descriptor' if verb == 'mount' else 'none'}, "
+    try:
+        op = as_str(as_object(decode(body), "request", ("op",))["op"], "op")
+    except WireError as exc:
+        raise Refused(f"malformed request: {exc}") from None
+    if op == "mount" and len(fds) == 1:
+        return op
+    if op == "umount" and not fds:
+        return op
+    if op in ("mount", "umount"):
+        raise Refused(f"{op} takes {'one descriptor' if op == 'mount' else 'none'}, "
                       f"not {len(fds)}")
-    raise Refused(f"unknown request {verb[:32]!r}")
+    raise Refused(f"unknown request {op[:32]!r}")
 
 
 def mount_data(fd: int) -> str:
@@ -64,13 +68,21 @@ def mount_data(fd: int) -> str:
     return f"fd={fd},rootmode=40000,user_id=0,group_id=0,default_permissions,allow_other"
 
 
-def _receive(conn: socket.socket) -> tuple[bytes, list[int]]:
-    data, ancdata, _, _ = conn.recvmsg(REQUEST_MAX, socket.CMSG_SPACE(4 * 4))
-    fds: list[int] = []
-    for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.extend(struct.unpack(f"{len(payload) // 4}i", payload[:len(payload) // 4 * 4]))
-    return data, fds
+def _receive(conn: socket.socket, fds: list[int]) -> bytes:
+    """The request's body; the descriptors that came with it added to ``fds``."""
+
+    def recv(n: int) -> bytes:
+        data, got, _, _ = socket.recv_fds(conn, n, FDS_MAX, socket.MSG_CMSG_CLOEXEC)
+        fds.extend(got)
+        return data
+
+    try:
+        body = read_frame(recv, REQUEST_MAX)
+    except WireError as exc:
+        raise Refused(f"malformed request: {exc}") from None
+    if body is None:
+        raise Refused("no request")
+    return body
 
 
 def _is_fuse_device(fd: int) -> bool:
@@ -90,12 +102,13 @@ def _mountpoint(config_path: Path) -> Path:
 
 
 def _handle(conn: socket.socket, config_path: Path) -> str:
-    data, fds = _receive(conn)
+    fds: list[int] = []
     try:
+        body = _receive(conn, fds)
         uid = peer_uid(conn)
         if uid != 0:
             raise Refused(f"uid {uid} is not root")
-        verb = parse_request(data, fds)
+        verb = parse_request(body, fds)
         where = _mountpoint(config_path)
         if verb == "umount":
             umount_detach(str(where))
@@ -119,12 +132,16 @@ def _handle(conn: socket.socket, config_path: Path) -> str:
 def serve_connection(conn: socket.socket, config_path: Path) -> bool:
     """Answer one request; whether it succeeded."""
     try:
-        reply, ok = f"OK {_handle(conn, config_path)}", True
+        text, ok = _handle(conn, config_path), True
     except (Refused, OSError) as exc:
         log.error("refused: %s", exc)
-        reply, ok = f"ERR {exc}", False
+        text, ok = str(exc), False
     try:
-        conn.sendall(f"{reply}\n".encode())
+        try:
+            reply = frame(encode_reply(ok, text), REPLY_MAX)
+        except WireError as exc:  # a mountpoint too long to say
+            reply = frame(encode_reply(False, f"mounted, but the reply: {exc}"), REPLY_MAX)
+        conn.sendall(reply)
     except OSError as exc:
         log.warning("cannot reply: %s", exc)
     return ok

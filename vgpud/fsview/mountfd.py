@@ -1,11 +1,15 @@
-"""Mounting without CAP_SYS_ADMIN: the daemon's side of vgpud-fsmount, and
-the libc calls both sides use.
+"""Mounting without CAP_SYS_ADMIN: the daemon's side of vgpud-fsmount, the
+libc calls both sides use, and their messages.
 
 The daemon opens /dev/fuse itself (mode 0666: no privilege needed), sends
-the descriptor over /run/vgpud-fsmount.sock (SCM_RIGHTS) with the one-line
-request ``mount``, and serves libfuse on ``/dev/fd/N`` once the helper
-answered ``OK`` (libfuse >= 3.3 takes an already-mounted descriptor so).
-``umount`` asks it to detach the view when the daemon stops.
+the descriptor over /run/vgpud-fsmount.sock (SCM_RIGHTS, in the sendmsg of
+the request's frame) with the request ``mount``, and serves libfuse on
+``/dev/fd/N`` once the helper answered OK (libfuse >= 3.3 takes an
+already-mounted descriptor so). ``umount`` asks it to detach the view when
+the daemon stops. One request per connection, in vgpud.wire's frames: the
+request ``{"op": "mount" | "umount"}`` (at most REQUEST_MAX bytes), the
+reply ``{"status": "ok", "mountpoint": PATH}`` or ``{"status": "err",
+"text": WHY}`` (at most REPLY_MAX).
 """
 
 from __future__ import annotations
@@ -17,13 +21,18 @@ import os
 import socket
 from pathlib import Path
 
-__all__ = ["HELPER_SOCKET", "HelperError", "has_cap_sys_admin", "mount", "open_fuse_device",
-           "request", "umount_detach"]
+from vgpud.wire import WireError, as_object, as_str, decode, encode, frame, read_frame
+
+__all__ = ["HELPER_SOCKET", "REPLY_MAX", "REQUEST_MAX", "HelperError", "decode_reply",
+           "encode_reply", "has_cap_sys_admin", "mount", "open_fuse_device", "request",
+           "umount_detach"]
 
 HELPER_SOCKET = Path("/run/vgpud-fsmount.sock")
 CAP_SYS_ADMIN = 21
 MNT_DETACH = 2
-REPLY_MAX = 512
+REQUEST_MAX = 64
+REPLY_MAX = 32 << 10  # a mountpoint of PATH_MAX, escaped (6 bytes a byte at most)
+TEXT_MAX = 1024  # characters of a refusal's reason (longer is cut)
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
@@ -66,25 +75,45 @@ def open_fuse_device() -> int:
     return os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
 
 
-def request(line: str, fd: int | None = None, path: Path = HELPER_SOCKET,
+def request(op: str, fd: int | None = None, path: Path = HELPER_SOCKET,
             timeout: float = HELPER_TIMEOUT) -> str:
-    """Send ``line`` (and ``fd``) to vgpud-fsmount; its OK reply's text, or HelperError."""
+    """Ask vgpud-fsmount ``op`` (with ``fd``); the mountpoint it answered, or HelperError."""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout)
             sock.connect(str(path))
             fds = [] if fd is None else [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                           array.array("i", [fd]).tobytes())]
-            sock.sendmsg([f"{line}\n".encode()], fds)
-            reply = b""
-            while not reply.endswith(b"\n") and len(reply) < REPLY_MAX:
-                chunk = sock.recv(REPLY_MAX)
-                if not chunk:
-                    break
-                reply += chunk
-    except OSError as exc:
+            sock.sendmsg([frame(encode({"op": op}), REQUEST_MAX)], fds)
+            body = read_frame(sock.recv, REPLY_MAX)
+    except (OSError, WireError) as exc:
         raise HelperError(f"vgpud-fsmount at {path}: {exc}") from exc
-    text = reply.decode(errors="replace").strip()
-    if not text.startswith("OK"):
-        raise HelperError(f"vgpud-fsmount: {text or 'no reply'}")
-    return text[2:].strip()
+    if body is None:
+        raise HelperError("vgpud-fsmount: no reply")
+    try:
+        ok, text = decode_reply(body)
+    except WireError as exc:
+        raise HelperError(f"vgpud-fsmount: a malformed reply ({exc})") from None
+    if not ok:
+        raise HelperError(f"vgpud-fsmount: ERR {text}")
+    return text
+
+
+def encode_reply(ok: bool, text: str) -> bytes:
+    """A reply body: OK with the mountpoint, or ERR with why."""
+    if ok:
+        return encode({"status": "ok", "mountpoint": text})
+    return encode({"status": "err", "text": text[:TEXT_MAX]})
+
+
+def decode_reply(body: bytes) -> tuple[bool, str]:
+    """(OK?, the mountpoint or why); WireError for anything else."""
+    top = as_object(decode(body), "reply", ("status",), optional=("mountpoint", "text"))
+    status = as_str(top["status"], "status")
+    if status == "ok":
+        return True, as_str(as_object(top, "OK", ("status", "mountpoint"))["mountpoint"],
+                            "mountpoint")
+    if status == "err":
+        return False, as_str(as_object(top, "ERR", ("status", "text"))["text"], "reason",
+                             TEXT_MAX)
+    raise WireError(f"unknown status {status[:32]!r}")

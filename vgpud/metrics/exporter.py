@@ -37,7 +37,8 @@ from vgpud.host.systemd import passed_socket, peer_uid
 from vgpud.metrics.families import families
 from vgpud.metrics.listen import REQUEST_TIMEOUT
 from vgpud.metrics.snapshot import Snapshot
-from vgpud.metrics.wire import HELLO, FrameReader, WireError, decode
+from vgpud.metrics.wire import FrameReader, WireError, decode, decode_hello
+from vgpud.wire import read_frame
 
 __all__ = ["Exporter", "main"]
 
@@ -45,6 +46,7 @@ log = logging.getLogger("vgpud.metrics.exporter")
 
 _PR_SET_PDEATHSIG = 1
 _READ_SIZE = 1 << 20
+HELLO_MAX = 64  # bytes of the first frame's body (HELLO's: 17)
 NICE = 10  # below the daemon (0): see vgpud-metrics@.service
 
 
@@ -126,12 +128,27 @@ class ProtocolError(Exception):
 
 def receive_listener(conn: socket.socket) -> socket.socket:
     """The listening TCP socket the daemon sends first (HELLO, SCM_RIGHTS)."""
-    data, fds, _, _ = socket.recv_fds(conn, len(HELLO), 1, socket.MSG_CMSG_CLOEXEC)
-    if data != HELLO or len(fds) != 1:
+    fds: list[int] = []
+
+    def recv(n: int) -> bytes:
+        data, got, _, _ = socket.recv_fds(conn, n, 1, socket.MSG_CMSG_CLOEXEC)
+        fds.extend(got)
+        return data
+
+    try:
+        try:
+            body = read_frame(recv, HELLO_MAX)
+            if body is None:
+                raise ProtocolError("the connection ended before its first frame")
+            decode_hello(body)
+        except WireError as exc:
+            raise ProtocolError(f"expected HELLO with one descriptor: {exc}") from None
+        if len(fds) != 1:
+            raise ProtocolError(f"expected HELLO with one descriptor, got {len(fds)}")
+    except ProtocolError:
         for fd in fds:
             os.close(fd)
-        raise ProtocolError(f"expected {HELLO!r} with one descriptor, got {data[:16]!r} "
-                            f"with {len(fds)}")
+        raise
     listener = socket.socket(fileno=fds[0])
     if (listener.type != socket.SOCK_STREAM
             or listener.family not in (socket.AF_INET, socket.AF_INET6)

@@ -192,7 +192,7 @@ class _Link:
         self._lost = lost
         self._started = time.monotonic()
         conn.setblocking(False)
-        socket.send_fds(conn, [HELLO], [listener.fileno()])  # the first byte: room for it
+        socket.send_fds(conn, [HELLO], [listener.fileno()])  # the first frame: room for it
         self._out: memoryview | None = None  # the frame being written
         self._next: bytes | None = None  # the one after it (replaced, never queued)
         self._writing = False

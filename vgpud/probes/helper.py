@@ -2,15 +2,17 @@
 
 The deciding daemon (vgpud.service) keeps CAP_NET_ADMIN alone; this helper
 (vgpud-probes.service, socket-activated by vgpud-probes.socket) holds what
-bcc needs, compiles and attaches ebpf/vgpu_latency.bpf.c for each
-connection and answers that connection's requests (vgpud.probes.wire):
-LOAD, STALE, REATTACH, READ, DELETE, DROPPED. A connection's probes are
-detached when it closes (the vgpu module is then no longer pinned). The
-peer must be uid 0 (SO_PEERCRED). A malformed request is answered ERR and
-changes nothing; no request ends the helper. Under systemd it exits once no
-connection has been open for ``--idle-exit`` seconds; systemd starts it again
-on the next connection. ``--listen PATH`` serves a socket itself (tests,
-systems without systemd).
+bcc needs, compiles and attaches ebpf/vgpu_latency.bpf.c for each connection
+and answers that connection's requests (vgpud.probes.wire): LOAD, STALE,
+REATTACH, READ, DELETE, DROPPED. A connection's probes are detached when it
+closes (the vgpu module is then no longer pinned). The peer must be uid 0
+(SO_PEERCRED). A malformed request is answered ERR and changes nothing (a
+frame over REQUEST_MAX is read and dropped, so the stream stays in step; a
+header that is not vgpud.wire's is answered, then the connection closed); no
+request ends the helper. Under systemd it exits once no connection has been
+open for ``--idle-exit`` seconds; systemd starts it again on the next
+connection. ``--listen PATH`` serves a socket itself (tests, systems without
+systemd).
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-import struct
 import sys
 import threading
 import time
@@ -37,6 +38,7 @@ from vgpud.probes.bcc_probes import (
 )
 from vgpud.probes.histograms import CountKey
 from vgpud.probes.wire import (
+    REPLY_MAX,
     REQUEST_MAX,
     Op,
     Reply,
@@ -44,9 +46,8 @@ from vgpud.probes.wire import (
     WireError,
     decode_request,
     encode_reply,
-    frame,
-    frame_length,
 )
+from vgpud.wire import HEADER_SIZE, Oversized, body_length, frame
 
 __all__ = ["Session", "main", "serve", "serve_connection"]
 
@@ -157,7 +158,7 @@ REFUSE_DRAIN_S = 1.0
 
 def _refuse(conn: socket.socket, why: str) -> None:
     with contextlib.suppress(OSError):
-        conn.sendall(frame(encode_reply(Op.LOAD, Reply(Status.ERR, text=why))))
+        conn.sendall(frame(encode_reply(Op.LOAD, Reply(Status.ERR, text=why)), REPLY_MAX))
 
 
 def _turn_away(conn: socket.socket, why: str) -> None:
@@ -184,22 +185,26 @@ def serve_connection(conn: socket.socket, session: Session) -> None:
             return
         while True:
             conn.settimeout(None)  # the daemon asks every probes.interval_ms
-            header = _recv_exact(conn, 4)
+            header = _recv_exact(conn, HEADER_SIZE)
             if header is None:
                 return
             conn.settimeout(BODY_TIMEOUT_S)
             try:
-                n = frame_length(header, REQUEST_MAX)
-            except WireError as exc:
+                n = body_length(header, REQUEST_MAX)
+            except Oversized as exc:  # ours, but too long: dropped, in step
                 log.error("malformed request: %s", exc)
-                if not _discard(conn, struct.unpack("!I", header)[0]):
+                if not _discard(conn, exc.length):
                     return
                 _refuse(conn, f"malformed request: {exc}")
                 continue
+            except WireError as exc:  # not a frame of ours: out of step
+                log.error("malformed request: %s; closing the connection", exc)
+                _turn_away(conn, f"malformed request: {exc}")
+                return
             body = _recv_exact(conn, n)
             if body is None:
                 return
-            conn.sendall(frame(session.answer(body)))
+            conn.sendall(frame(session.answer(body), REPLY_MAX))
     except OSError as exc:
         log.warning("connection ended: %s", exc)
     finally:

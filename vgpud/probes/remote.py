@@ -25,6 +25,7 @@ from vgpud.probes.histograms import CountKey
 from vgpud.probes.wire import (
     DELETE_MAX,
     REPLY_MAX,
+    REQUEST_MAX,
     Op,
     Reply,
     Request,
@@ -32,9 +33,8 @@ from vgpud.probes.wire import (
     WireError,
     decode_reply,
     encode_request,
-    frame,
-    frame_length,
 )
+from vgpud.wire import frame, read_frame
 
 __all__ = ["RemoteProbes", "helper_reason"]
 
@@ -88,8 +88,10 @@ class RemoteProbes:
                 raise HelperError(f"not connected to the probe helper at {self.path}")
             try:
                 sock.settimeout(timeout)
-                sock.sendall(frame(encode_request(req)))
-                body = _recv_exact(sock, frame_length(_recv_exact(sock, 4), REPLY_MAX))
+                sock.sendall(frame(encode_request(req), REQUEST_MAX))
+                body = read_frame(sock.recv, REPLY_MAX)
+                if body is None:
+                    raise ConnectionResetError("the probe helper closed the connection")
                 reply = decode_reply(req.op, body)
             except (OSError, WireError) as exc:
                 self._drop()
@@ -200,13 +202,3 @@ def _points(reply: Reply) -> tuple[bool, list[str]]:
         raise HelperError(f"no attach points in {reply.value!r:.80}")
     return reply.value
 
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    chunks, got = [], 0
-    while got < n:
-        chunk = sock.recv(min(n - got, 1 << 20))
-        if not chunk:
-            raise ConnectionResetError("the probe helper closed the connection")
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)

@@ -1,57 +1,68 @@
 """The messages between vgpud and vgpud-probes: pure encode and decode.
 
-A frame is a big-endian u32 length, then that many bytes of body. A request
-body is one op byte, then its arguments; only DELETE has any (a u32 count,
-then that many keys of three u64). A reply body is one status byte (OK, OFF:
-the probes cannot run, with why; ERR: the request was refused, with why),
-then for OK the op's answer: LOAD and REATTACH a flag and the attach points
-(u16 count, each a u16 length and UTF-8), STALE a flag, READ a u32 count and
-a u32 width then per entry the key and ``width`` counts (u64 each), DROPPED a
-u64, DELETE nothing. Requests are bounded by REQUEST_MAX, replies by
-REPLY_MAX (a full map read: HIST_ENTRIES x 69 u64, 9 MiB); anything else
+Frames and bodies are vgpud.wire's (a header, then one JSON value). A
+request is ``{"op": OP}``, OP one of load, stale, reattach, read, dropped,
+delete; only delete has an argument, ``"keys"``: at most DELETE_MAX keys,
+each ``[ctx_id, hist, call]`` (u64s). A reply is ``{"status": "ok",
+"value": V}``, or ``{"status": "off" | "err", "text": WHY}`` (off: the
+probes cannot run; err: the request was refused). V by op: load and
+reattach ``{"attached": bool, "points": [str, ...]}`` (at most POINTS_MAX);
+stale a bool; read ``{"entries": n, "width": w, "counts": [...]}``, the
+flat list of each entry's key then its ``w`` counts (u64s); dropped a u64;
+delete null. Texts are cut to TEXT_MAX characters. Requests are bounded by
+REQUEST_MAX, replies by REPLY_MAX (a full map read: HIST_ENTRIES x 69 u64,
+23.7 MB at 21 bytes each, about 3 MB as the probes leave it); anything else
 raises WireError, which the helper answers ERR without acting.
 """
 
 from __future__ import annotations
 
 import enum
-import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from vgpud.probes.histograms import CountKey
+from vgpud.wire import (
+    WireError,
+    as_bool,
+    as_int,
+    as_ints,
+    as_list,
+    as_object,
+    as_str,
+    decode,
+    encode,
+)
 
 __all__ = ["DELETE_MAX", "REPLY_MAX", "REQUEST_MAX", "Op", "Reply", "Request", "Status",
-           "Value", "WireError", "decode_reply", "decode_request", "encode_reply", "encode_request",
-           "frame", "frame_length"]
+           "Value", "WireError", "decode_reply", "decode_request", "encode_reply",
+           "encode_request"]
 
-HEADER = struct.Struct("!I")
-KEY = struct.Struct("!QQQ")
 DELETE_MAX = 4096  # keys in one DELETE; RemoteProbes sends more in several
-REQUEST_MAX = 5 + DELETE_MAX * KEY.size
-REPLY_MAX = 16 << 20
+KEY_TEXT_MAX = 3 * 20 + 5  # one key of three u64 in the body: "[a,b,c]," at most
+REQUEST_MAX = 64 + DELETE_MAX * KEY_TEXT_MAX  # 260 KiB
+REPLY_MAX = 32 << 20
 POINTS_MAX = 64
-TEXT_MAX = 1024  # bytes of one attach point or reason (longer is cut)
+TEXT_MAX = 1024  # characters of one attach point or reason (longer is cut)
 WIDTH_MAX = 128  # u64s of one map value (struct vgpu_lat_val: 66)
 
-
-class WireError(ValueError):
-    """A malformed or oversized message."""
+E = TypeVar("E", bound=enum.StrEnum)
 
 
-class Op(enum.IntEnum):
-    LOAD = 1
-    STALE = 2
-    REATTACH = 3
-    READ = 4
-    DELETE = 5
-    DROPPED = 6
+class Op(enum.StrEnum):
+    LOAD = "load"
+    STALE = "stale"
+    REATTACH = "reattach"
+    READ = "read"
+    DELETE = "delete"
+    DROPPED = "dropped"
 
 
-class Status(enum.IntEnum):
-    OK = 0
-    OFF = 1
-    ERR = 2
+class Status(enum.StrEnum):
+    OK = "ok"
+    OFF = "off"
+    ERR = "err"
 
 
 @dataclass(frozen=True)
@@ -74,155 +85,126 @@ class Reply:
     text: str = ""
 
 
-def frame(body: bytes) -> bytes:
-    return HEADER.pack(len(body)) + body
-
-
-def frame_length(header: bytes, limit: int) -> int:
-    """The body length a frame header announces; WireError above ``limit``."""
-    if len(header) != HEADER.size:
-        raise WireError("a truncated frame header")
-    (n,) = HEADER.unpack(header)
-    if n > limit:
-        raise WireError(f"a frame of {n} bytes (at most {limit})")
-    return n
-
-
 def encode_request(req: Request) -> bytes:
     if req.op is not Op.DELETE:
         if req.keys:
             raise WireError(f"{req.op.name} takes no keys")
-        return bytes([req.op])
+        return encode({"op": req.op})
     if len(req.keys) > DELETE_MAX:
         raise WireError(f"{len(req.keys)} keys in one DELETE (at most {DELETE_MAX})")
-    return bytes([req.op]) + struct.pack("!I", len(req.keys)) + b"".join(
-        KEY.pack(*k) for k in req.keys)
+    keys = [list(k) for k in req.keys]
+    for key in keys:
+        as_ints(key, "a DELETE key", 3)
+    return encode({"op": req.op, "keys": keys})
 
 
 def decode_request(body: bytes) -> Request:
-    if not body or len(body) > REQUEST_MAX:
+    if len(body) > REQUEST_MAX:
         raise WireError(f"a request of {len(body)} bytes")
-    try:
-        op = Op(body[0])
-    except ValueError:
-        raise WireError(f"unknown op {body[0]}") from None
-    rest = body[1:]
+    top = as_object(decode(body), "request", ("op",), optional=("keys",))
+    op = _enum(Op, top["op"], "op")
     if op is not Op.DELETE:
-        if rest:
-            raise WireError(f"{op.name} takes no arguments ({len(rest)} bytes follow)")
+        if "keys" in top:
+            raise WireError(f"{op.name} takes no keys")
         return Request(op)
-    if len(rest) < 4:
-        raise WireError("DELETE without a count")
-    (n,) = struct.unpack_from("!I", rest)
-    if n > DELETE_MAX or len(rest) != 4 + n * KEY.size:
-        raise WireError(f"DELETE of {n} keys in {len(rest) - 4} bytes")
-    return Request(op, tuple(KEY.iter_unpack(rest[4:])))
+    if "keys" not in top:
+        raise WireError("DELETE without keys")
+    keys = as_list(top["keys"], "DELETE keys", most=DELETE_MAX)
+    return Request(op, tuple(_key(as_ints(k, "a DELETE key", 3)) for k in keys))
 
 
-def _text(s: str) -> bytes:
-    raw = s.encode("utf-8", errors="replace")[:TEXT_MAX]
-    return struct.pack("!H", len(raw)) + raw
+def encode_reply(op: Op, reply: Reply) -> bytes:
+    """The body of ``reply`` to ``op``; WireError when it does not fit one."""
+    if reply.status is not Status.OK:
+        return encode({"status": reply.status, "text": reply.text[:TEXT_MAX]})
+    value = reply.value
+    match op:
+        case Op.LOAD | Op.REATTACH if isinstance(value, tuple):
+            body = encode({"status": Status.OK, "value": _points(*value)})
+        case Op.STALE if isinstance(value, bool):
+            body = encode({"status": Status.OK, "value": value})
+        case Op.READ if isinstance(value, dict):
+            body = encode({"status": Status.OK, "value": _counts(value)})
+        case Op.DROPPED if type(value) is int and 0 <= value < 1 << 64:
+            body = encode({"status": Status.OK, "value": value})
+        case Op.DELETE if value is None:
+            body = encode({"status": Status.OK, "value": None})
+        case _:
+            raise WireError(f"{op.name} cannot answer {value!r:.80}")
+    if len(body) > REPLY_MAX:
+        raise WireError(f"a reply of {len(body)} bytes (at most {REPLY_MAX})")
+    return body
 
 
-def _points(ok: bool, points: Sequence[str]) -> bytes:
+def _points(ok: bool, points: Sequence[str]) -> dict[str, object]:
     if len(points) > POINTS_MAX:
         raise WireError(f"{len(points)} attach points (at most {POINTS_MAX})")
-    return bytes([ok]) + struct.pack("!H", len(points)) + b"".join(map(_text, points))
+    if type(ok) is not bool or any(type(p) is not str for p in points):
+        raise WireError(f"attach points of {ok!r:.20}, {points!r:.80}")
+    return {"attached": ok, "points": [p[:TEXT_MAX] for p in points]}
 
 
-def _counts(counts: Mapping[CountKey, Sequence[int]]) -> bytes:
+def _counts(counts: Mapping[CountKey, Sequence[int]]) -> dict[str, object]:
     widths = {len(v) for v in counts.values()}
     if len(widths) > 1:
         raise WireError(f"map values of different widths: {sorted(widths)}")
     width = widths.pop() if widths else 0
     if width > WIDTH_MAX:
         raise WireError(f"map values of {width} u64 (at most {WIDTH_MAX})")
-    flat = [x for k, v in counts.items() for x in (*k, *v)]
-    return struct.pack(f"!II{len(flat)}Q", len(counts), width, *flat)
-
-
-def encode_reply(op: Op, reply: Reply) -> bytes:
-    if reply.status is not Status.OK:
-        return bytes([reply.status]) + _text(reply.text)
-    head, value = bytes([Status.OK]), reply.value
-    match op:
-        case Op.LOAD | Op.REATTACH if isinstance(value, tuple):
-            return head + _points(*value)
-        case Op.STALE if isinstance(value, bool):
-            return head + bytes([value])
-        case Op.READ if isinstance(value, dict):
-            return head + _counts(value)
-        case Op.DROPPED if isinstance(value, int) and 0 <= value < 1 << 64:
-            return head + struct.pack("!Q", value)
-        case Op.DELETE if value is None:
-            return head
-    raise WireError(f"{op.name} cannot answer {value!r:.80}")
-
-
-class _Reader:
-    def __init__(self, body: bytes) -> None:
-        self.body = memoryview(body)
-        self.at = 0
-
-    def take(self, n: int) -> memoryview:
-        if self.at + n > len(self.body):
-            raise WireError("a truncated reply")
-        out = self.body[self.at:self.at + n]
-        self.at += n
-        return out
-
-    def unpack(self, fmt: str) -> tuple[int, ...]:
-        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))
-
-    def text(self) -> str:
-        (n,) = self.unpack("!H")
-        return bytes(self.take(n)).decode("utf-8", errors="replace")
-
-    def flag(self) -> bool:
-        (b,) = self.unpack("!B")
-        if b > 1:
-            raise WireError(f"a flag of {b}")
-        return bool(b)
-
-    def end(self) -> None:
-        if self.at != len(self.body):
-            raise WireError(f"{len(self.body) - self.at} bytes after the reply")
+    if any(len(k) != 3 for k in counts):
+        raise WireError("a map key that is not three u64")
+    flat: list[int] = []
+    for k, v in counts.items():
+        flat += k
+        flat += v
+    as_ints(flat, "map counts")
+    return {"entries": len(counts), "width": width, "counts": flat}
 
 
 def decode_reply(op: Op, body: bytes) -> Reply:
     if len(body) > REPLY_MAX:
         raise WireError(f"a reply of {len(body)} bytes")
-    r = _Reader(body)
-    (status_byte,) = r.unpack("!B")
-    try:
-        status = Status(status_byte)
-    except ValueError:
-        raise WireError(f"unknown status {status_byte}") from None
+    top = as_object(decode(body), "reply", ("status",), optional=("value", "text"))
+    status = _enum(Status, top["status"], "status")
     if status is not Status.OK:
-        text = r.text()
-        r.end()
-        return Reply(status, text=text)
-    value: Value = None
+        as_object(top, "a refusal", ("status", "text"))
+        return Reply(status, text=as_str(top["text"], "reason", TEXT_MAX))
+    value = as_object(top, "an answer", ("status", "value"))["value"]
     match op:
         case Op.LOAD | Op.REATTACH:
-            ok = r.flag()
-            (n,) = r.unpack("!H")
-            if n > POINTS_MAX:
-                raise WireError(f"{n} attach points")
-            value = (ok, [r.text() for _ in range(n)])
+            v = as_object(value, f"{op.name}'s answer", ("attached", "points"))
+            points = as_list(v["points"], "attach points", most=POINTS_MAX)
+            return Reply(status, (as_bool(v["attached"], "attached"),
+                                  [as_str(p, "an attach point", TEXT_MAX) for p in points]))
         case Op.STALE:
-            value = r.flag()
+            return Reply(status, as_bool(value, "stale"))
         case Op.READ:
-            n, width = r.unpack("!II")
-            if width > WIDTH_MAX:
-                raise WireError(f"map values of {width} u64")
-            if n * (3 + width) * 8 != len(r.body) - r.at:
-                raise WireError(f"{n} entries of {width} u64 in {len(r.body) - r.at} bytes")
-            flat = r.unpack(f"!{n * (3 + width)}Q")
-            step = 3 + width
-            value = {(flat[i], flat[i + 1], flat[i + 2]): list(flat[i + 3:i + step])
-                     for i in range(0, len(flat), step)}
+            return Reply(status, _map(value))
         case Op.DROPPED:
-            (value,) = r.unpack("!Q")
-    r.end()
-    return Reply(status, value)
+            return Reply(status, as_int(value, "dropped"))
+        case _:
+            if value is not None:
+                raise WireError(f"DELETE answered {value!r:.40}")
+            return Reply(status)
+
+
+def _map(value: object) -> dict[CountKey, list[int]]:
+    v = as_object(value, "READ's answer", ("entries", "width", "counts"))
+    width = as_int(v["width"], "width", hi=WIDTH_MAX)
+    step = 3 + width
+    n = as_int(v["entries"], "entries", hi=REPLY_MAX // step)
+    flat = as_ints(v["counts"], "map counts", n * step)
+    return {(flat[i], flat[i + 1], flat[i + 2]): flat[i + 3:i + step]
+            for i in range(0, len(flat), step)}
+
+
+def _key(k: list[int]) -> CountKey:
+    return (k[0], k[1], k[2])
+
+
+def _enum(kind: type[E], value: object, what: str) -> E:
+    name = as_str(value, what)
+    try:
+        return kind(name)
+    except ValueError:
+        raise WireError(f"unknown {what} {value!r:.32}") from None
