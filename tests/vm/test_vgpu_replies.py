@@ -23,6 +23,7 @@ from tests.support.guest import Env, set_param
 from tests.support.responder import start
 from tests.support.vgpu_genl import (
     A_DATA,
+    A_DATA2,
     A_PARAMS,
     ALLOW,
     CTL,
@@ -45,6 +46,14 @@ from tests.support.vgpu_genl import (
     rule,
     stats,
 )
+from vgpud.kernel.uapi import (
+    ERRNO_MAX,
+    VERDICT_F_SCHED_OFF,
+    UpcallKind,
+    Verdict,
+    VerdictAction,
+)
+from vgpud.kernel.verdicts import Sent, check
 
 pytestmark = pytest.mark.vm
 
@@ -282,3 +291,100 @@ def test_responder_post(vg: Env, responder_bin: Path, responders) -> None:
     finally:
         os.close(fd)
     r.expect("event kind=2")
+
+
+def _candidates(sent: Sent) -> list[Verdict]:
+    """Verdicts of every action, flag and block combination, each block
+    absent, as long as the upcall's (8 bytes where it sent none) or a byte
+    longer; and the error and status_off edges."""
+    blocks: list[tuple[bytes | None, ...]] = [()]
+    for size in (sent.params, sent.data, sent.data2):
+        right = size or 8
+        blocks = [(*b, v) for b in blocks for v in (None, bytes(right), bytes(right + 1))]
+    out = [Verdict(action, error, status, off, flags, *b)
+           for action, error, status, off in ((VerdictAction.ALLOW, 0, 0, 0),
+                                              (VerdictAction.DENY, errno.EACCES, 0, 0),
+                                              (VerdictAction.FAIL_STATUS, 0, 0x51, 0),
+                                              (VerdictAction.REPLY, 0, 0, 0))
+           for flags in (0, VERDICT_F_POST, VERDICT_F_SCHED_OFF,
+                         VERDICT_F_POST | VERDICT_F_SCHED_OFF, 1 << 2)
+           for b in blocks]
+    out += [Verdict(VerdictAction.DENY, 0), Verdict(VerdictAction.DENY, ERRNO_MAX + 1),
+            Verdict(VerdictAction.ALLOW, 1),
+            Verdict(VerdictAction.FAIL_STATUS, status=0x51, status_off=max(sent.params - 4, 0)),
+            Verdict(VerdictAction.FAIL_STATUS, status=0x51, status_off=max(sent.params - 3, 0))]
+    return out
+
+
+def _legal(v: Verdict, sent: Sent) -> bool:
+    try:
+        check(v, sent)
+    except ValueError:
+        return False
+    return True
+
+
+def _sent(hdr: tuple[int, ...], attrs: dict[int, bytes]) -> Sent:
+    return Sent(UpcallKind(hdr[U_KIND]), hdr[U_NR], len(attrs.get(A_PARAMS, b"")),
+                len(attrs.get(A_DATA, b"")), len(attrs.get(A_DATA2, b"")))
+
+
+def test_the_verdict_table_is_the_modules(vg: Env) -> None:
+    """vgpud.kernel.verdicts, the table the daemon checks its verdicts by,
+    against the module's own check: every combination of action, flags and
+    blocks, sent for an OPEN, an IOCTL (params and data) and a POST upcall,
+    is refused (EINVAL) exactly when the table refuses it, and a refused one
+    leaves the caller waiting."""
+    fd = vg.open()
+    buf = ctypes.create_string_buffer(56)
+    wrong: list[str] = []
+    try:
+        with daemon([ALLOC40_DATA], FILTER_OPEN) as g:
+            def upcall(kind: UpcallKind) -> tuple[Call, int, Sent]:
+                if kind is UpcallKind.OPEN:
+                    c = Call(vg.open)
+                else:
+                    c = Call(alloc, fd, 0x40, ctypes.addressof(buf), 56)
+                hdr, attrs = g.next_upcall()
+                if kind is UpcallKind.POST:
+                    g.verdict(hdr[U_ID], ALLOW, flags=VERDICT_F_POST)
+                    hdr, attrs = g.next_upcall()
+                assert hdr[U_KIND] == kind
+                return c, hdr[U_ID], _sent(hdr, attrs)
+
+            def finish(c: Call, v: Verdict) -> None:
+                if v.flags & VERDICT_F_POST:  # its POST upcall, answered
+                    post, _ = g.next_upcall()
+                    assert post[U_KIND] == UPCALL_POST
+                    g.verdict(post[U_ID], ALLOW)
+                with contextlib.suppress(OSError):
+                    value = c.result()
+                    if isinstance(value, int):  # an OPEN's new file
+                        os.close(value)
+
+            for kind in (UpcallKind.OPEN, UpcallKind.IOCTL, UpcallKind.POST):
+                c, uid, sent = upcall(kind)
+                tried = _candidates(sent)
+                for v in tried:
+                    try:
+                        g.verdict(uid, int(v.action), error=v.error, status=v.status,
+                                  status_off=v.status_off, flags=v.flags, params=v.params,
+                                  data=v.data, data2=v.data2)
+                        accepted = True
+                    except NlError as e:
+                        assert e.errno == errno.EINVAL, (v, e.msg)
+                        accepted = False
+                    if accepted != _legal(v, sent):
+                        wrong.append(f"{kind.name}: module {'accepts' if accepted else 'refuses'}"
+                                     f" {v}")
+                    if accepted:
+                        finish(c, v)
+                        c, uid, sent = upcall(kind)
+                    else:
+                        assert c.alive(), "a refused verdict completed the caller"
+                g.verdict(uid, ALLOW)
+                finish(c, Verdict(VerdictAction.ALLOW))
+                assert sum(_legal(v, sent) for v in tried) >= 2, kind  # some of each
+    finally:
+        os.close(fd)
+    assert not wrong, "\n".join(wrong)

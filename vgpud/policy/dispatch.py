@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from vgpud.kernel.codec import DecodeError, Event, Upcall
 from vgpud.kernel.uapi import (
     ALLOW,
-    VERDICT_F_POST,
-    VERDICT_F_SCHED_OFF,
     MmapParams,
     Node,
     ObjQuery,
@@ -22,8 +20,8 @@ from vgpud.kernel.uapi import (
     Verdict,
     VerdictAction,
 )
-from vgpud.nvidia.escapes import Escape
-from vgpud.nvidia.layouts import NVOS21, NVOS64, decode_call
+from vgpud.kernel.verdicts import Sent, check
+from vgpud.nvidia.layouts import decode_call
 from vgpud.policy.base import Decoded, Policy, Request
 
 __all__ = ["LATENCY_SLOTS", "Counters", "Dispatcher", "VerdictStats"]
@@ -172,47 +170,12 @@ class Dispatcher:
 
 
 _IOCTL, _POST, _MMAP, _UVM = UpcallKind.IOCTL, UpcallKind.POST, UpcallKind.MMAP, Node.UVM
-_ALLOC_SIZES = frozenset({NVOS21.size, NVOS64.size})  # RM_ALLOC params VERDICT_F_SCHED_OFF fits
-# The actions each upcall kind may be answered with.
-_ACTIONS = {
-    UpcallKind.OPEN: frozenset({VerdictAction.ALLOW, VerdictAction.DENY}),
-    UpcallKind.IOCTL: frozenset(VerdictAction),
-    # v4: FAIL_STATUS after the daemon undid the call (an allocation over quota freed).
-    UpcallKind.POST: frozenset({VerdictAction.ALLOW, VerdictAction.REPLY,
-                                VerdictAction.FAIL_STATUS}),
-    UpcallKind.MMAP: frozenset({VerdictAction.ALLOW, VerdictAction.DENY}),
-}
 
 
 def _check(verdict: Verdict, upcall: Upcall) -> None:
     """Refuse verdicts the module would refuse (the caller would then wait in vain)."""
     if type(verdict) is not Verdict:
         raise TypeError(f"policy returned {verdict!r}, not a Verdict")
-    action = verdict.action
-    if action not in _ACTIONS[upcall.kind]:
-        raise ValueError(f"{action!r} does not answer a {upcall.kind.name} upcall")
-    flags = verdict.flags
-    if flags & ~(VERDICT_F_POST | VERDICT_F_SCHED_OFF) or (
-        flags and (action is not VerdictAction.ALLOW or upcall.kind is not _IOCTL)
-    ) or (flags & VERDICT_F_SCHED_OFF and (upcall.nr != Escape.RM_ALLOC
-                                          or len(upcall.params) not in _ALLOC_SIZES)):
-        raise ValueError(f"verdict flags {flags:#x} do not fit the upcall")
-    if action is VerdictAction.FAIL_STATUS and verdict.status_off + 4 > len(upcall.params):
-        raise ValueError(f"FAIL_STATUS at {verdict.status_off} does not fit the upcall")
-    params, data, data2 = verdict.params, verdict.data, verdict.data2
-    if action is VerdictAction.REPLY:
-        if params is None and data is None and data2 is None:
-            raise ValueError("REPLY without blocks")
-        if params is not None and len(params) != len(upcall.params):
-            raise ValueError(f"REPLY params of {len(params)} bytes, upcall's {len(upcall.params)}")
-        if data is not None and (upcall.data is None or len(data) != len(upcall.data)):
-            raise ValueError(f"REPLY data of {len(data)} bytes does not fit the upcall's")
-        if data2 is not None and (upcall.data2 is None or len(data2) != len(upcall.data2)):
-            raise ValueError(f"REPLY data2 of {len(data2)} bytes does not fit the upcall's")
-    elif data is not None or data2 is not None:
-        raise ValueError("data blocks only go with REPLY")
-    elif params is not None and (action is not VerdictAction.ALLOW or upcall.kind is not _IOCTL
-                                 or len(params) != len(upcall.params)):
-        # v5: an ALLOW's params are what the driver reads instead of the upcall's.
-        raise ValueError("params go with REPLY, or with an IOCTL upcall's ALLOW at its length")
-
+    check(verdict, Sent(upcall.kind, upcall.nr, len(upcall.params),
+                        0 if upcall.data is None else len(upcall.data),
+                        0 if upcall.data2 is None else len(upcall.data2)))
