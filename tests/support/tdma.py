@@ -3,7 +3,7 @@ config giving them weights, their workload (tests/support/tdma_workload.py),
 and their GPU time read from nvsim's own counters (/proc/driver/nvsim/groups).
 Used by tests/vm/test_tdma.py, tests/vm/test_runlist_mode.py and the
 benchmarks; ``TdmaWorld`` is the cgroups, config, daemon and workloads of one
-test, ``measure`` reads shares over a window that grows until they converge.
+test, ``measure`` reads shares over one window after a fixed settle.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def open_as_tenant(i: int) -> int:
 
 
 WAIT_S = 60.0  # the longest wait for a state the daemon must reach
-CONVERGE_S = 60.0  # the longest window shares may need to converge
+SETTLE_S = 3.0  # from every tenant having run to the first window of shares
 QUEUE_MS = 500  # work kept pending per tenant: a workload process starved a while stays ahead
 PERIOD_MS = 100  # how often the workload tops the queues up: little CPU taken from the daemon
 
@@ -126,23 +126,21 @@ class Window:
     seconds: float
 
 
-def measure(busy: Callable[[], list[int]], ok: Callable[[Window], bool], least: float,
-            converge_s: float = CONVERGE_S) -> Window:
-    """Shares of the busy counters from now, over `least` seconds or more: the window
-    grows until ok(window) holds, or `converge_s`. An overrun of a late daemon is paid
-    back over the next frames, so on a loaded host shares take longer to converge."""
+def measure(busy: Callable[[], list[int]], seconds: float, settle: float = 0.0) -> Window:
+    """Shares of the busy counters over one window of ``seconds``, after
+    ``settle`` seconds: fixed before the first read, so a share that lands late
+    shows in the window (a window grown until the shares look right would pass
+    whenever they come)."""
+    time.sleep(settle)
     before, engine0, start = busy(), nv.proc_engines()[0], time.monotonic()
-    time.sleep(least)
-    while True:
-        now, engine, seconds = busy(), nv.proc_engines()[0], time.monotonic() - start
-        used = [b - a for a, b in zip(before, now, strict=True)]
-        idle = engine.idle_ns - engine0.idle_ns
-        window = Window([100 * u / max(sum(used), 1) for u in used],
-                        idle / max(idle + engine.busy_ns - engine0.busy_ns, 1), seconds)
-        if ok(window) or seconds >= converge_s:
-            print(window)
-            return window
-        time.sleep(0.5)
+    time.sleep(seconds)
+    now, engine, took = busy(), nv.proc_engines()[0], time.monotonic() - start
+    used = [b - a for a, b in zip(before, now, strict=True)]
+    idle = engine.idle_ns - engine0.idle_ns
+    window = Window([100 * u / max(sum(used), 1) for u in used],
+                    idle / max(idle + engine.busy_ns - engine0.busy_ns, 1), took)
+    print(window)
+    return window
 
 
 def near(*want: float, tol: float) -> Callable[[Window], bool]:

@@ -87,21 +87,17 @@ def groups(vgpu: Path) -> Iterator[Callable[[], Group]]:
         os.close(fd)
 
 
-def busy_ratio(a: Group, b: Group, ok: Callable[[float], bool], least: float = 2.0,
-               most: float = 60.0) -> float:
-    """a's busy time over b's over `least` seconds or more, grown until ok(ratio) or
-    `most` seconds (shares converge as the engine pays back late slices)."""
+def busy_ratio(a: Group, b: Group, seconds: float = 2.0) -> float:
+    """a's busy time over b's over one window of `seconds`, both topped up every
+    0.5 s (a fixed window: a ratio that converges late shows in it)."""
     before = (a.row().busy_ns, b.row().busy_ns)
-    start = time.monotonic()
-    time.sleep(least)
-    while True:
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(0.5, left))
         a.top_up()
         b.top_up()
-        ra, rb = a.row(), b.row()
-        ratio = (ra.busy_ns - before[0]) / max(rb.busy_ns - before[1], 1)
-        if ok(ratio) or time.monotonic() - start > most:
-            return ratio
-        time.sleep(0.5)
+    ra, rb = a.row(), b.row()
+    return (ra.busy_ns - before[0]) / max(rb.busy_ns - before[1], 1)
 
 
 def test_timeslices_from_schedule_set_the_shares(groups: Callable[[], Group]) -> None:
@@ -111,7 +107,7 @@ def test_timeslices_from_schedule_set_the_shares(groups: Callable[[], Group]) ->
     assert (a.row().timeslice_us, b.row().timeslice_us) == (2048, 1024)
     a.top_up()
     b.top_up()
-    ratio = busy_ratio(a, b, lambda r: 1.85 < r < 2.15)
+    ratio = busy_ratio(a, b)
     print(f"runlist: TIMESLICE 2048/1024 us through SCHEDULE: busy ratio {ratio:.3f}")
     assert 1.85 < ratio < 2.15, ratio  # 66.7% +- 1.6 points of the GPU
     assert int(get_param("vgpu", "sched_offs")) == 0  # neither op is remembered

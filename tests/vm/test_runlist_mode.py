@@ -4,9 +4,9 @@ SET_TIMESLICE and PREEMPT), vgpud sets each channel group's timeslice.
 Judged by nvsim's own counters (/proc/driver/nvsim/groups and engines), as the
 TDMA tests (tests/vm/test_tdma.py, which also runs its acceptance in this
 mode): shares from busy_ns, the GPU's idle time from the engine, a wake's
-submit-to-run latency from wake_sum_ns / wake_n. Shares are read over a
-window that grows until they converge (`measure`): the feedback loop of
-vgpud/core/runlist.py corrects the slices over windows of 128 rounds.
+submit-to-run latency from wake_sum_ns / wake_n. Shares are read over one
+fixed window after a fixed settle (`measure`, SETTLE_S): the feedback loop
+of vgpud/core/runlist.py corrects the slices over windows of 128 rounds.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from tests.support import nvclient as nv
 from tests.support.guest import wait_for
 from tests.support.nvsim import ctxsw_ns
 from tests.support.tdma import (
+    SETTLE_S,
     WAIT_S,
     TdmaWorld,
     Window,
@@ -57,7 +58,7 @@ def test_shares_follow_the_weights_without_an_activity_source(world: TdmaWorld) 
     group without work (the work conservation is the hardware's)."""
     tenants = world([50, 30, 20], daemon='sched_activity = "none"\n')
     assert "activity none" in world.daemons[-1].log()
-    window = measure(tenants.busy, near(50, 30, 20, tol=TOL), least=10.0)
+    window = measure(tenants.busy, 10.0, SETTLE_S)
     assert near(50, 30, 20, tol=TOL)(window), window
     tenants.command(2, "idle")
     wait_for(lambda: tenants.pending(2) == 0, WAIT_S, "t2's work to drain")
@@ -65,7 +66,7 @@ def test_shares_follow_the_weights_without_an_activity_source(world: TdmaWorld) 
     def given_away(w: Window) -> bool:
         return w.shares[2] == 0.0 and near(62.5, 37.5, 0, tol=TOL)(w) and w.idle < 0.02
 
-    window = measure(tenants.busy, given_away, least=5.0)
+    window = measure(tenants.busy, 5.0, 1.0)
     assert given_away(window), window
 
 
@@ -92,7 +93,7 @@ def test_one_and_eight_groups_converge_to_equal_shares(world: TdmaWorld) -> None
         last = now
     print(f"1 : 8 groups: within {TOL} points after {time.monotonic() - start:.1f} s; "
           f"t0's share per 2 s window: {trail}")
-    window = measure(busy, near(50, 50, tol=TOL), least=5.0)
+    window = measure(busy, 5.0)
     assert near(50, 50, tol=TOL)(window), window
     print("timeslices us (t0, then t1's):",
           [g.timeslice_us for g in nv.proc_groups() if g.client in tenants.clients])
@@ -106,7 +107,7 @@ def test_cap_20_holds_while_the_gpu_would_idle(world: TdmaWorld) -> None:
     def capped(w: Window) -> bool:
         return abs(100 * (1 - w.idle) - 20) <= TOL
 
-    window = measure(tenants.busy, capped, least=5.0)
+    window = measure(tenants.busy, 5.0, SETTLE_S)
     assert capped(window), f"ran {100 * (1 - window.idle):.1f}% of the GPU: {window}"
 
 

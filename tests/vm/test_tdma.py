@@ -14,7 +14,7 @@ was running and the core pays it back from the tenant's later slots, in
 full while its turns are late by less than its quantum minus one min slot
 (vgpud/core/tdma.py): so the share tests use frames of SHARE_FRAME_MS, whose
 quanta (80 ms and more here) stay above that lateness, and read shares over
-a window that grows until they converge (`measure`). States the daemon must
+one fixed window after a fixed settle (`measure`). States the daemon must
 reach are waited for, not slept on. Each assertion can still fail: a tenant
 skipped for frames lets another have two turns within its wait, and wrong
 weights or an unpaid overrun never converge.
@@ -43,6 +43,7 @@ from tests.support import nvclient as nv
 from tests.support.guest import wait_for
 from tests.support.sched import traced
 from tests.support.tdma import (
+    SETTLE_S,
     WAIT_S,
     TdmaWorld,
     Tenants,
@@ -72,7 +73,7 @@ def tdma(vgpu: Path, daemon_factory: type[Daemon], tmp_path: Path,
 @pytest.mark.parametrize("tdma", MODES, indirect=True)
 def test_weights_50_30_20_within_2pp(tdma) -> None:
     tenants = tdma([50, 30, 20], SHARE_FRAME_MS)
-    window = measure(tenants.busy, near(50, 30, 20, tol=2.0), least=10.0)
+    window = measure(tenants.busy, 10.0, SETTLE_S)
     assert near(50, 30, 20, tol=2.0)(window), window
 
 
@@ -86,13 +87,13 @@ def test_idle_tenant_time_goes_to_the_others_by_weight(tdma) -> None:
     def given_away(w: Window) -> bool:
         return w.shares[2] == 0.0 and near(62.5, 37.5, 0, tol=3.0)(w) and w.idle < 0.05
 
-    window = measure(tenants.busy, given_away, least=10 * tdma.frame_s)
+    window = measure(tenants.busy, 10 * tdma.frame_s)
     assert window.shares[2] == 0.0, window
     assert near(62.5, 37.5, 0, tol=3.0)(window), window
     assert window.idle < 0.05, f"GPU idle {window.idle:.1%} of the frames after t2 went idle"
     tenants.command(2, "busy")  # and back: it gets its share again
     wait_for(lambda: tenants.pending(2) > 0, WAIT_S, "t2's work to be queued again")
-    window = measure(tenants.busy, lambda w: abs(w.shares[2] - 20) <= 3.0, least=3.0)
+    window = measure(tenants.busy, 3.0, tdma.frame_s)
     assert abs(window.shares[2] - 20) <= 3.0, window
 
 
@@ -128,7 +129,7 @@ def test_16_tenants_none_starves(tdma, sched_trace: Path) -> None:
             other, most = max(Counter(turns[a + 1:b]).items(), key=lambda kv: kv[1],
                               default=(None, 0))
             assert most <= 1, f"t{i} waited while t{other} got {most} turns: {turns}"
-    window = measure(tenants.busy, lambda w: min(w.shares) >= 100 / 16 / 2, least=5.0)
+    window = measure(tenants.busy, 5.0)
     assert min(window.shares) >= 100 / 16 / 2, window
 
 
@@ -148,7 +149,7 @@ def test_16_tenants_none_starves_in_the_runlist(tdma) -> None:
         starved = [i for i, (a, b) in enumerate(zip(before, now, strict=True)) if b == a]
         assert not starved, f"tenants {starved} did not run in 0.5 s"
         before = now
-    window = measure(tenants.busy, lambda w: min(w.shares) >= 100 / 16 / 2, least=5.0)
+    window = measure(tenants.busy, 5.0)
     assert min(window.shares) >= 100 / 16 / 2, window
 
 
@@ -161,7 +162,7 @@ def test_weight_change_over_dbus_applies_at_the_next_frame(tdma) -> None:
     """The new weight is the daemon's at its next frame (tests/unit/test_tdma.py checks
     the frame): here, D-Bus to the GPU, the shares move and the properties follow."""
     tenants = tdma([100, 100], SHARE_FRAME_MS)
-    window = measure(tenants.busy, near(50, 50, tol=3.0), least=2.0)
+    window = measure(tenants.busy, 2.0, SETTLE_S)
     assert near(50, 50, tol=3.0)(window), window
 
     async def set_weight(client: AdminClient) -> None:
@@ -169,7 +170,7 @@ def test_weight_change_over_dbus_applies_at_the_next_frame(tdma) -> None:
 
     asyncio.run(AdminClient.run(set_weight))
     time.sleep(tdma.frame_s + 0.05)
-    window = measure(tenants.busy, near(25, 75, tol=3.0), least=3.0)
+    window = measure(tenants.busy, 3.0)
     assert near(25, 75, tol=3.0)(window), window
     props = tenant_props("t1")
     assert props["Weight"] == 300 and props["Share"] == {0: 75.0}, props
@@ -229,11 +230,11 @@ def test_sigkill_and_restart_keep_scheduling_the_groups(tdma) -> None:
     without it, the module would turn them all back on at its registration and
     nvsim's round robin would give them equal time."""
     tenants = tdma([300, 100], SHARE_FRAME_MS)
-    window = measure(tenants.busy, near(75, 25, tol=5.0), least=2.0)
+    window = measure(tenants.busy, 2.0, SETTLE_S)
     assert near(75, 25, tol=5.0)(window), window
     daemon = tdma.restart()
     time.sleep(0.5)
-    window = measure(tenants.busy, near(75, 25, tol=4.0), least=3.0)
+    window = measure(tenants.busy, 3.0, SETTLE_S)
     assert near(75, 25, tol=4.0)(window), window
     # the targets of known groups, published once a second
     wait_for(lambda: shares_over_dbus(2) == [{0: 75.0}, {0: 25.0}], WAIT_S,
