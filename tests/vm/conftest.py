@@ -4,13 +4,18 @@ These tests run as root inside the guest booted by scripts/vm-run; on any
 other machine they are skipped, since the kernel modules cannot be loaded.
 Helpers that are not fixtures live in tests/support (guest.py: the modules
 and cgroups).
+
+In the guest the tier fails loudly: a skip not in ALLOWED_SKIPS fails its
+test (a failed nvsim load or a missing tool must not shrink the tier into a
+pass), and a line of the kernel log that reports a bug (tests/support/kmsg.py)
+fails the run, with the test each line followed.
 """
 
 from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +32,7 @@ from tests.support.guest import (
     rmmod,
     set_param,
 )
+from tests.support.kmsg import KMSG, KernelLog
 from tests.support.nvsim import Fds, Nvsim, nvsim_module
 from tests.support.responder import Responder
 from tests.support.sched import TRACEFS
@@ -43,9 +49,144 @@ KMEMLEAK = Path("/sys/kernel/debug/kmemleak")
 # kmemleak reports only objects older than 5 s.
 KMEMLEAK_MIN_AGE_S = 6
 
+IN_GUEST = in_guest()
+
+
+def _pid1_is_systemd() -> bool:
+    """The image booted by scripts/sysimage-run (vm-run's guest has virtme-ng's init)."""
+    try:
+        return Path("/proc/1/comm").read_text().strip() == "systemd"
+    except OSError:
+        return False
+
+
+# The skips the VM tier allows in the guest, each (test file, reason as the
+# skip gives it) -> (when it is allowed, why it is legitimate). Any other skip
+# there fails its test. The normal tier (scripts/test-vm) skips these 12: the
+# 11 of test_systemd_boot.py and test_kmemleak_clean; the 6.12 smoke
+# (scripts/test-vm-612) skips test_kmemleak_clean; make test-debug and the
+# booted system (scripts/sysimage-run) skip none.
+ALLOWED_SKIPS: dict[tuple[str, str], tuple[Callable[[], bool], str]] = {
+    ("tests/vm/test_systemd_boot.py", "needs the booted image (scripts/sysimage-run)"): (
+        lambda: not _pid1_is_systemd(),
+        "its tests need systemd as PID 1 and vgpud installed the packaged way: "
+        "scripts/sysimage-run runs them in the booted image (make test), where "
+        "this skip is not allowed"),
+    ("tests/vm/test_vgpu_forwarding.py", "kernel without CONFIG_DEBUG_KMEMLEAK"): (
+        lambda: not KMEMLEAK.exists(),
+        "Debian's kernel has no kmemleak; the debug kernel of make test-debug "
+        "has it, and there the test runs"),
+}
+
+
+def _skip_reason(rep: pytest.TestReport | pytest.CollectReport) -> str:
+    if isinstance(rep.longrepr, tuple):
+        return rep.longrepr[2].removeprefix("Skipped: ")
+    return str(rep.longrepr)
+
+
+def _forbidden_skip(nodeid: str, rep: pytest.TestReport | pytest.CollectReport) -> str | None:
+    """The failure text for a skip the tier does not allow, else None."""
+    reason = _skip_reason(rep)
+    allowed = ALLOWED_SKIPS.get((nodeid.split("::", 1)[0], reason))
+    if allowed is not None and allowed[0]():
+        return None
+    return (f"skipped in the VM tier: {reason!r}; a skip there fails unless "
+            "ALLOWED_SKIPS in tests/vm/conftest.py allows it (a failed module load "
+            "or a missing tool is a failure)")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None],
+                              ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    rep = yield
+    if IN_GUEST and rep.skipped and not hasattr(rep, "wasxfail"):
+        failure = _forbidden_skip(item.nodeid, rep)
+        if failure is not None:
+            rep.outcome = "failed"
+            rep.longrepr = failure
+    return rep
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector,
+                               ) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    """A whole module skipped (pytest.skip(allow_module_level=True), importorskip)."""
+    rep = yield
+    if IN_GUEST and rep.skipped:
+        failure = _forbidden_skip(rep.nodeid, rep)
+        if failure is not None:
+            rep.outcome = "failed"
+            rep.longrepr = failure
+    return rep
+
+
+# The kernel log: read from the tier's start, after each test and at the end.
+_KLOG = pytest.StashKey[KernelLog]()
+_KLOG_BAD = pytest.StashKey[list[str]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if IN_GUEST:
+        config.stash[_KLOG] = KernelLog()
+        config.stash[_KLOG_BAD] = []
+
+
+def _read_kernel_log(config: pytest.Config, after: str) -> None:
+    log = config.stash.get(_KLOG, None)
+    if log is not None:
+        config.stash[_KLOG_BAD] += [f"{line}   (after {after})" for line in log.read()]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None,
+                            ) -> Generator[None, object, object]:
+    try:
+        return (yield)
+    finally:
+        _read_kernel_log(item.config, item.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A line of the kernel log that reports a bug, or one lost unread, fails the run."""
+    config = session.config
+    log = config.stash.get(_KLOG, None)
+    if log is None:
+        return
+    _read_kernel_log(config, "the last test")
+    if ((config.stash[_KLOG_BAD] or log.lost)
+            and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int,
+                            config: pytest.Config) -> None:
+    log = config.stash.get(_KLOG, None)
+    if log is None:
+        return
+    bad = config.stash[_KLOG_BAD]
+    if not (bad or log.lost):
+        terminalreporter.write_line(
+            f"kernel log: clean ({log.records} records read from {KMSG} while the tests ran)")
+        return
+    terminalreporter.section(f"kernel log: {len(bad)} line(s) report a bug; the run fails",
+                             sep="=", red=True, bold=True)
+    for line in bad:
+        terminalreporter.write_line(line)
+    if log.lost:
+        terminalreporter.write_line(
+            f"{log.lost} records were overwritten in the ring buffer before they were read "
+            "(unjudged: the run fails)")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    log = config.stash.get(_KLOG, None)
+    if log is not None:
+        log.close()
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if in_guest():
+    if IN_GUEST:
         for item in items:
             if "vm" in item.keywords and item.get_closest_marker("timeout") is None:
                 item.add_marker(pytest.mark.timeout(VM_TEST_TIMEOUT_S))

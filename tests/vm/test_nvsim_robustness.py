@@ -17,7 +17,6 @@ import mmap
 import os
 import random
 import struct
-import subprocess
 import threading
 
 import pytest
@@ -325,15 +324,3 @@ def test_concurrent_races(nvsim_env):
     assert heap_free(ctl, t) == nvsim_env.capacity_kib
     os.close(ctl)
 
-
-def test_zz_kernel_log_clean():
-    """No WARN, BUG or oops from any test run before this one in the guest (the tier runs
-    files in name order; panic_on_warn would also stop the VM)."""
-    try:
-        log = subprocess.run(["dmesg"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError) as e:
-        pytest.skip(f"dmesg unavailable: {e}")
-    bad = [line for line in log.splitlines()
-           if any(k in line for k in ("WARNING:", "BUG:", "Oops", "general protection",
-                                      "leaked"))]
-    assert bad == []
