@@ -13,10 +13,15 @@ Tenant "a" (uid 1003) floods from 16 processes of 64 threads, each thread on
 its own context, alternating RM_FREE and RM_CONTROL with a 16 KiB params
 block (the largest upcall a tenant can make), for at least 10 s; tenant "b"
 (uid 1004) allocates and frees 4 MiB in a loop, once alone and once under
-the flood, in the same run. Judged by the module's own counters (no upcall
-lost, none failed closed or forwarded open), by b's calls (every one
-answered and done), by nvsim (what it holds never exceeds b's quota), and
-by b's p99 call latency under the flood against without it (at most 3x).
+the flood, in the same run. Judged by the module's own counters over b's
+window (no upcall lost, none failed closed or forwarded open), by b's calls
+(every one answered and done, and at least 100 of them under the flood),
+and by nvsim (what it holds never exceeds b's quota).
+
+b's p99 call latency under the flood against alone (the issue's target: at
+most 3x) is printed and recorded in docs/performance.md, not asserted: in a
+TCG guest on a shared 2-core host the ratio of two p99s swings from 1.2x to
+8.6x between runs of the same code (docs/threat-model.md, item 13).
 """
 
 from __future__ import annotations
@@ -190,7 +195,7 @@ def test_a_flood_loses_no_upcall_of_another_tenant(daemon: Daemon, vgpu: Path, n
         assert delta["fail_closed"] == 0 and delta["fail_open"] == 0
         assert max(heap.samples) <= QUOTA
         # The issue's latency target (p99 under the flood <= 3x alone) is a
-        # figure, printed above and recorded in docs/threat-model.md, not an
+        # figure, printed above and recorded in docs/performance.md, not an
         # assertion: in a TCG guest on a shared 2-core host the ratio of two
         # p99s swings from 1.2x to 8.6x between runs with the same code.
     finally:
