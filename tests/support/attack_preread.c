@@ -16,8 +16,9 @@
  * process_vm_writev. With "unmap" it replaces the shadow instead: a copy
  * of the whole region with 0x40 in hClass, moved over it (mremap
  * MREMAP_FIXED), so that a driver reading it in that call reads the copy.
- * It runs for at least MIN_S seconds and ATTEMPTS calls (at most MAX_S s),
- * then prints "attempts N ok N failed N found N writes N faults N
+ * It runs for at least MIN_S seconds and ATTEMPTS calls, and with "unmap"
+ * until a call has failed with EIO (the file revoked), at most MAX_S s;
+ * then it prints "attempts N ok N failed N found N writes N faults N
  * replaced N eio N" (eio: calls that failed with EIO, a revoked file).
  */
 #define _GNU_SOURCE
@@ -153,7 +154,8 @@ int main(int argc, char **argv)
 	for (;;) {
 		double el = now() - start;
 
-		if (el >= max_s || (el >= min_s && attempts >= want))
+		if (el >= max_s ||
+		    (el >= min_s && attempts >= want && (!unmap_mode || eio)))
 			break;
 		memset(mem, 0, sizeof(mem));
 		*(uint64_t *)(mem + 64) = size;	/* NV_MEMORY_ALLOCATION_PARAMS.size */

@@ -126,11 +126,18 @@ def test_a_shadow_replaced_during_a_call_revokes_the_file(daemon: Daemon, nvsim:
     over. A replacement between calls is seen and the module maps a new
     region; one during a call revokes the file (every later call EIO), so
     the driver acts on a replaced shadow at most once per open file: nvsim
-    holds at most one allocation for the tenant."""
+    holds at most one allocation for the tenant. The revocation is required
+    in every run, whether or not the driver read the copy in that call (the
+    tenant held 16 MiB then): the race goes on until a call fails with EIO
+    (at most 60 s). The tenant is nearly always in a call, so a replacement
+    lands in one soon (2026-12-07, four runs: revoked within 10-12 s, after
+    14-57 replacements; the driver had read the copy in two)."""
+    revoked = int(REVOKED.read_text())
     stats, held = race(nvsim, str(prereader), str(SIZE), "10", "60", "2000", "unmap",
                        limit=QUOTA // MIB)
-    print(f"revoked contexts so far: {REVOKED.read_text().strip()}")
+    revoked = int(REVOKED.read_text()) - revoked
+    print(f"the module revoked {revoked} contexts; the driver read the copy: {max(held) > 0}")
     assert stats["found"] > 0 and stats["replaced"] > 0
+    # The file was revoked (every later call EIO), won or not.
+    assert revoked == 1 and stats["eio"] > 0
     assert max(held) <= SIZE
-    if max(held) > 0:  # the race was won once: the file is revoked
-        assert stats["eio"] > 0
