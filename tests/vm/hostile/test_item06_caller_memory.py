@@ -13,9 +13,15 @@ wait on its own page.
 The attacker (uid 1003, tests/support/attack_fblist.c) serves the faults of
 its own threads and never those of anyone else, while a sibling drops the
 page again and again. Another tenant (uid 1004) allocates and frees
-meanwhile. Judged by the processes: the victim's calls all succeed and
-their p99 stays within 3x of the same run without the attack, and no
-process outside the tenant ever faulted on its page.
+meanwhile. Judged by the processes: the victim's calls all succeed, none
+takes a second (a stalled daemon would hold each for the module's upcall
+timeout, 2 s in the VM tier), and no process outside the tenant ever
+faulted on its page. The victim's p99 under the attack against without it
+(the issue's target: within 3x) is printed and recorded in
+docs/performance.md, not asserted: in a TCG guest on a shared 2-core host
+it is a ratio of two p99s of a few hundred calls each, which swung from
+0.94x (docs/threat-model.md) to 3.3x between runs of the same code (three
+runs on 2026-12-07: 3.2x beside another guest, 1.9x and 3.3x alone).
 
 The race: a sibling thread flips the list entries' index between sizes
 nvsim reports (RAM_SIZE, HEAP_SIZE, ...) and one it answers 0 for, for
@@ -211,8 +217,8 @@ def test_a_list_page_that_never_answers_stalls_only_its_caller(
     print(f"attacker: {out.strip()} {err.strip()}")
     assert under["failed"] == 0
     # A stalled daemon holds every victim call for the module's upcall timeout
-    # (5 s); a fifth of it is far above the noise of a loaded 2-core host (the
-    # p99 ratio is printed, not asserted).
+    # (2 s); half of it is far above the noise of a loaded 2-core host (the
+    # p99 ratio is printed, not asserted: see the docstring).
     assert max(under["lat"]) < 1000, f"a victim call took {max(under['lat']):.0f} ms"
     assert out.startswith("calls"), err
     calls, foreign = (int(w) for w in out.split()[1::2])
