@@ -17,11 +17,11 @@ meanwhile. Judged by the processes: the victim's calls all succeed, none
 takes a second (a stalled daemon would hold each for the module's upcall
 timeout, 2 s in the VM tier), and no process outside the tenant ever
 faulted on its page. The victim's p99 under the attack against without it
-(the issue's target: within 3x) is printed and recorded in
-docs/performance.md, not asserted: in a TCG guest on a shared 2-core host
-it is a ratio of two p99s of a few hundred calls each, which swung from
-0.94x (docs/threat-model.md) to 3.3x between runs of the same code (three
-runs on 2026-12-07: 3.2x beside another guest, 1.9x and 3.3x alone).
+(the issue's target: within 3x) is printed, not asserted: in a TCG guest
+on a shared 2-core host it is a ratio of two p99s of a few hundred calls
+each, which swung from 0.94x (docs/threat-model.md) to 3.3x between runs
+of the same code (three runs on 2026-12-07: 3.2x beside another guest,
+1.9x and 3.3x alone).
 
 The race: a sibling thread flips the list entries' index between sizes
 nvsim reports (RAM_SIZE, HEAP_SIZE, ...) and one it answers 0 for, for
