@@ -4,10 +4,15 @@
  *
  * Each GPU has one engine, a kthread that runs one channel group at a time.
  * A group is runnable while it is enabled (GPFIFO_SCHEDULE) and has pending
- * work (NVSIM_ESC_SUBMIT_WORK).  The engine takes the first runnable group
- * of its list, "runs" it by sleeping on an absolute hrtimer until its time
- * slice ends or its pending work would be done, then moves it to the tail
- * of the list (round robin).
+ * work (NVSIM_ESC_SUBMIT_WORK).  The engine walks its list of groups as
+ * the hardware walks its runlist: the list keeps the order in which the
+ * groups were made, and a cursor per interleave level marks the last group
+ * of that level that got a turn.  The engine takes the next runnable group
+ * after the cursor (round robin) and "runs" it by sleeping on an absolute
+ * hrtimer until its time slice ends or its pending work would be done.
+ * A group that had no work keeps its place: when it is given work it waits
+ * for the cursor to come round to it, as on the hardware, and does not go
+ * first because it was idle while the others ran.
  *
  * Interleave levels (SET_INTERLEAVE_LEVEL) order the picks as the
  * hardware's runlist does (ctrla06c.h): after every slice of a MEDIUM or
@@ -24,7 +29,7 @@
  * the same way, at the submission.
  *
  * PREEMPT (NVA06C_CTRL_CMD_PREEMPT) of the running group ends its slice at
- * once: it goes to the tail of the list and the engine spends ctxsw_us
+ * once (its turn is taken) and the engine spends ctxsw_us
  * (module parameter) switching, running nothing, before it starts the next
  * runnable group.  PREEMPT of a group that is not running changes nothing.
  * Slices that end on time or run out of work switch at no cost, as before.
@@ -51,9 +56,10 @@
  * Lifetimes: a group lives in its TSG object (nvsim_obj.tsg).  The object
  * is freed under nvsim_lock after nvsim_group_remove() has taken the group
  * off its engine under the engine's lock (and out of eng->running and
- * eng->last).  The kthread keeps no group across a sleep: each time it
- * wakes it charges and picks again from eng->running and the list, under
- * the lock, so a freed group is never seen again.  Every group is gone
+ * eng->last; a cursor on it steps back to the group before it).  The
+ * kthread keeps no group across a sleep: each time it wakes it charges and
+ * picks again from eng->running and the list, under the lock, so a freed
+ * group is never seen again.  Every group is gone
  * before module exit (each belongs to a client of an open file); the
  * kthreads stop there.
  */
@@ -117,7 +123,9 @@ MODULE_PARM_DESC(ctxsw_us, "Context switch time of a PREEMPT, in us (default 50,
 struct nvsim_engine {
 	struct task_struct *task;
 	spinlock_t lock;		/* see above */
-	struct list_head groups;	/* round robin order */
+	struct list_head groups;	/* runlist order: order of creation */
+	/* Per interleave level: the node of its last turn, or &groups. */
+	struct list_head *cursor[NVA06C_CTRL_INTERLEAVE_LEVEL_HIGH + 1];
 	struct nvsim_group *running;	/* NULL: idle */
 	struct nvsim_group *last;	/* last group run; for switches */
 	ktime_t mark;			/* time charged up to */
@@ -213,18 +221,35 @@ static void nvsim_engine_kick(struct nvsim_engine *eng)
 	wake_up_process(eng->task);
 }
 
-/* The first runnable group at @level; HIGH ones only if not yet in @block. */
+/*
+ * The first runnable group at @level after the level's cursor, round the
+ * list; HIGH ones only if not yet in @block.  eng->lock.
+ */
 static struct nvsim_group *nvsim_engine_first_runnable(struct nvsim_engine *eng,
 						       u32 level, u64 block)
 {
+	struct list_head *start = eng->cursor[level], *pos = start;
 	struct nvsim_group *g;
 
-	list_for_each_entry(g, &eng->groups, node)
+	do {
+		pos = pos->next;
+		if (pos == &eng->groups)
+			continue;
+		g = list_entry(pos, struct nvsim_group, node);
 		if (g->level == level && nvsim_group_runnable(g) &&
 		    (level != NVA06C_CTRL_INTERLEAVE_LEVEL_HIGH ||
 		     g->high_block != block))
 			return g;
+	} while (pos != start);
 	return NULL;
+}
+
+/* @g takes its turn: its level's cursor moves to it.  eng->lock. */
+static struct nvsim_group *nvsim_engine_turn(struct nvsim_engine *eng,
+					     struct nvsim_group *g)
+{
+	eng->cursor[g->level] = &g->node;
+	return g;
 }
 
 static u32 nvsim_engine_count(struct nvsim_engine *eng, u32 level)
@@ -254,7 +279,7 @@ static struct nvsim_group *nvsim_engine_next(struct nvsim_engine *eng)
 	g = nvsim_engine_first_runnable(eng, high, eng->high_block);
 	if (g) {
 		g->high_block = eng->high_block;
-		return g;
+		return nvsim_engine_turn(eng, g);
 	}
 	low_due = eng->mediums_run >= nvsim_engine_count(eng, med);
 	g = nvsim_engine_first_runnable(eng, low_due ? low : med, 0);
@@ -263,19 +288,20 @@ static struct nvsim_group *nvsim_engine_next(struct nvsim_engine *eng)
 	if (g) {
 		eng->high_block++;
 		eng->mediums_run = g->level == med ? eng->mediums_run + 1 : 0;
-		return g;
+		return nvsim_engine_turn(eng, g);
 	}
 	g = nvsim_engine_first_runnable(eng, high, ++eng->high_block);
-	if (g)
-		g->high_block = eng->high_block;
-	return g;
+	if (!g)
+		return NULL;
+	g->high_block = eng->high_block;
+	return nvsim_engine_turn(eng, g);
 }
 
 /*
  * The group to run from now, charged up to now, and until when; NULL when
  * none is runnable or a context switch is in progress (then *until is its
  * end; else KTIME_MAX).  The running group keeps the rest of its slice
- * while it has work; otherwise the next runnable group in list order
+ * while it has work; otherwise the next runnable group in runlist order
  * starts a new slice.  eng->lock.
  */
 static struct nvsim_group *nvsim_engine_pick(struct nvsim_engine *eng,
@@ -295,7 +321,6 @@ static struct nvsim_group *nvsim_engine_pick(struct nvsim_engine *eng,
 			goto run;
 		if (!ktime_before(now, eng->slice_end))
 			g->debt_ns += ktime_to_ns(ktime_sub(now, eng->slice_end));
-		list_move_tail(&g->node, &eng->groups);
 		eng->running = NULL;
 	}
 
@@ -309,7 +334,6 @@ static struct nvsim_group *nvsim_engine_pick(struct nvsim_engine *eng,
 		if (g->debt_ns < slice)
 			break;
 		g->debt_ns -= slice;
-		list_move_tail(&g->node, &eng->groups);
 	}
 
 	if (g != eng->last)
@@ -425,11 +449,15 @@ void nvsim_group_add(struct nvsim_group *g, const struct nvsim_gpu *gpu,
 void nvsim_group_remove(struct nvsim_group *g)
 {
 	struct nvsim_engine *eng = g->eng;
+	unsigned int level;
 
 	spin_lock(&eng->lock);
 	nvsim_engine_charge(eng);
 	if (g->pending_ns)
 		trace_nvsim_group_work(g->hclient, g->hgroup, 0);
+	for (level = 0; level < ARRAY_SIZE(eng->cursor); level++)
+		if (eng->cursor[level] == &g->node)
+			eng->cursor[level] = g->node.prev;
 	list_del(&g->node);
 	if (eng->last == g)
 		eng->last = NULL;
@@ -447,10 +475,8 @@ void nvsim_group_set_enabled(struct nvsim_group *g, bool enabled)
 	spin_lock(&eng->lock);
 	nvsim_engine_charge(eng);
 	g->enabled = enabled;
-	if (eng->running == g && !enabled) {
-		list_move_tail(&g->node, &eng->groups);
+	if (eng->running == g && !enabled)
 		eng->running = NULL;
-	}
 	nvsim_engine_resched(eng);
 	spin_unlock(&eng->lock);
 }
@@ -505,7 +531,6 @@ u32 nvsim_group_preempt(struct nvsim_group *g,
 	if (eng->running == g) {
 		g->preempts++;
 		eng->preempts++;
-		list_move_tail(&g->node, &eng->groups);
 		eng->running = NULL;
 		eng->switch_end = ktime_add_us(eng->mark, nvsim_ctxsw_us);
 		nvsim_engine_kick(eng);
@@ -621,7 +646,7 @@ static void nvsim_engine_stop(unsigned int n)
 int nvsim_engine_init(void)
 {
 	struct proc_dir_entry *dir;
-	unsigned int i;
+	unsigned int i, j;
 	int ret;
 
 	if (nvsim_ctxsw_us > NVSIM_MAX_CTXSW_US)
@@ -631,6 +656,8 @@ int nvsim_engine_init(void)
 
 		spin_lock_init(&eng->lock);
 		INIT_LIST_HEAD(&eng->groups);
+		for (j = 0; j < ARRAY_SIZE(eng->cursor); j++)
+			eng->cursor[j] = &eng->groups;
 		eng->mark = ktime_get();
 		eng->task = kthread_create(nvsim_engine_thread, eng,
 					   "nvsim-engine/%u", i);
