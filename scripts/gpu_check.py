@@ -171,7 +171,7 @@ def _version(module: str) -> str:
 
 def python_facts() -> dict[str, Any]:
     have: dict[str, Any] = {}
-    for name in ("torch", "pynvml", "pydantic", "pyroute2", "dbus_fast", "uvloop", "click"):
+    for name in ("torch", "pynvml", "pydantic", "dbus_fast", "uvloop", "click"):
         have[name] = guard(partial(_version, name))
     return {"version": sys.version.split()[0], "executable": sys.executable, "modules": have}
 

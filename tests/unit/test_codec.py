@@ -474,3 +474,56 @@ def test_stats4_absent_from_an_older_module() -> None:
     assert type(reply) is Reply and codec.decode_stats4(reply) is None
     with pytest.raises(DecodeError):
         codec.decode_stats4(Reply(1, Cmd.REGISTER, {}))
+
+
+def _nlctrl_reply(seq: int, attrs: bytes, kind: int = codec.GENL_ID_CTRL) -> bytes:
+    body = codec.GENL_HDR.pack(1, 2, 0) + attrs  # CTRL_CMD_NEWFAMILY
+    return codec.NLMSG_HDR.pack(codec.NLMSG_HDR.size + len(body), kind, 0, seq, 0) + body
+
+
+def _nla(kind: int, raw: bytes) -> bytes:
+    return codec.NLA_HDR.pack(4 + len(raw), kind) + raw.ljust((len(raw) + 3) & ~3, b"\0")
+
+
+def test_get_family_is_nlctrls_request_by_name() -> None:
+    msg = codec.encode_get_family("vgpu", 7)
+    length, kind, flags, seq, pid = codec.NLMSG_HDR.unpack_from(msg)
+    assert (length, kind, flags, seq, pid) == (len(msg), 0x10, codec.NLM_F_REQUEST, 7, 0)
+    assert codec.GENL_HDR.unpack_from(msg, 16) == (codec.CTRL_CMD_GETFAMILY, 1, 0)
+    assert msg[20:] == _nla(codec.CTRL_ATTR_FAMILY_NAME, b"vgpu\0")
+    assert len(msg) % 4 == 0
+
+
+def test_the_family_id_is_read_among_the_other_attributes() -> None:
+    attrs = (_nla(codec.CTRL_ATTR_FAMILY_NAME, b"vgpu\0") + _nla(1, struct.pack("=H", 32))
+             + _nla(3, struct.pack("=I", 1)) + _nla(6 | 0x8000, b""))
+    assert codec.decode_family_id(_nlctrl_reply(5, attrs), 5) == 32
+
+
+def test_no_such_family_is_the_kernels_errno() -> None:
+    request = codec.encode_get_family("nope", 9)
+    payload = struct.pack("=i", -errno.ENOENT) + request
+    msg = codec.NLMSG_HDR.pack(16 + len(payload), codec.NLMSG_ERROR, 0, 9, 0) + payload
+    ack = codec.decode_family_id(msg, 9)
+    assert isinstance(ack, NlAck) and ack.errno == errno.ENOENT
+
+
+@pytest.mark.parametrize("msg, why", [
+    (b"\0" * 8, "bytes"),
+    (_nlctrl_reply(4, _nla(1, struct.pack("=H", 32))), "sequence 4"),
+    (_nlctrl_reply(5, _nla(2, b"vgpu\0")), "without a family id"),
+    (_nlctrl_reply(5, _nla(1, b"\x20")), "without a family id"),
+    (_nlctrl_reply(5, _nla(1, struct.pack("=H", 32)), kind=0x11), "type 17"),
+])
+def test_a_bad_nlctrl_answer_is_a_decode_error(msg: bytes, why: str) -> None:
+    with pytest.raises(DecodeError, match=why):
+        codec.decode_family_id(msg, 5)
+
+
+@given(st.binary(max_size=96))
+def test_any_nlctrl_answer_decodes_or_is_refused(raw: bytes) -> None:
+    try:
+        answer = codec.decode_family_id(raw, 0)
+    except DecodeError:
+        return
+    assert isinstance(answer, NlAck) or 0 <= answer <= 0xFFFF

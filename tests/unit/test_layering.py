@@ -18,7 +18,7 @@ import pytest
 
 VGPUD = Path(__file__).resolve().parents[2] / "vgpud"
 # Modules that do I/O of their own (event loops, processes, buses, kernels).
-IO_MODULES = ("asyncio", "subprocess", "dbus_fast", "pyroute2", "bcc", "pynvml", "mfusepy")
+IO_MODULES = ("asyncio", "subprocess", "dbus_fast", "bcc", "pynvml", "mfusepy")
 # vgpud's rooms with sockets, files or the clock.
 IO_ROOMS = ("vgpud.store", "vgpud.host", "vgpud.sched", "vgpud.admin", "vgpud.app",
             "vgpud.daemon", "vgpud.kernel.channel", "vgpud.probes.bcc_probes",

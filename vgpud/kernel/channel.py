@@ -1,7 +1,8 @@
 """The vgpu generic netlink channel on an asyncio loop.
 
-pyroute2 resolves the family id at start (setup only). Everything else goes
-through one raw NETLINK_GENERIC socket watched with ``loop.add_reader``: one
+The family id is looked up once at start (nlctrl's GETFAMILY). Everything
+goes through raw NETLINK_GENERIC sockets; the channel's is watched with
+``loop.add_reader``: one
 recv, ``codec.decode_datagram``, the handler's verdict, one ``send`` of a
 prebuilt-header verdict without ACK. Control requests (REGISTER, SET_FILTER,
 GET_STATS, UNREGISTER) go out on the same socket, because the module unicasts
@@ -30,10 +31,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
-
-from pyroute2.netlink import genlmsg
-from pyroute2.netlink.exceptions import NetlinkError
-from pyroute2.netlink.generic import GenericNetlinkSocket
 
 from vgpud.kernel import codec, uapi
 from vgpud.kernel.codec import (
@@ -90,6 +87,8 @@ RCVBUF = 8 << 20
 RECV_SIZE = 1 << 16  # above VGPU_PARAMS_MAX twice (params + data) plus headers
 BATCH = 64  # datagrams handled per wakeup before yielding to the loop
 REQUEST_TIMEOUT = 5.0
+# The family lookup may wait for the kernel to load the module claiming it.
+RESOLVE_TIMEOUT = 60.0
 KERNEL = (0, 0)  # a netlink unicast's source address from the kernel: nl_pid 0, no group
 FOREIGN_LOG_INTERVAL = 10.0  # seconds between warnings of dropped foreign datagrams
 
@@ -151,35 +150,39 @@ class _Pending:
 
 
 def _resolve_family_sync(name: str) -> int:
-    nl = GenericNetlinkSocket()
-    nl.module_err_level = "debug"  # we raise a better message than pyroute2 logs
-    try:
-        nl.bind(name, genlmsg)
-        return nl.prid
-    finally:
-        nl.close()
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
+                       NETLINK_GENERIC) as sock:
+        sock.settimeout(RESOLVE_TIMEOUT)
+        sock.bind((0, 0))
+        sock.connect(KERNEL)
+        sock.send(codec.encode_get_family(name, 1))
+        answer = codec.decode_family_id(sock.recv(RECV_SIZE), 1)
+    if isinstance(answer, NlAck):
+        raise OSError(answer.errno, os.strerror(answer.errno))
+    return answer
 
 
 async def resolve_family(name: str = uapi.GENL_NAME) -> int:
-    """The generic netlink family id of ``name``, through pyroute2.
+    """The generic netlink family id of ``name``, asked of nlctrl.
 
-    pyroute2's synchronous socket runs in a worker thread: its asyncio
-    transport needs a datagram endpoint for AF_NETLINK, which uvloop (the
-    daemon's loop) does not provide. This is setup, once per channel.
-
-    A family the kernel does not know makes it load the module that claims
-    it (vgpu.ko's MODULE_ALIAS_GENL_FAMILY) before it answers, so an
+    A blocking socket in a worker thread: the answer may wait for the
+    kernel, as a family the kernel does not know makes it load the module
+    that claims it (vgpu.ko's MODULE_ALIAS_GENL_FAMILY) first, so an
     installed module is loaded here; ENOENT means no module could be.
+    This is setup, once per channel. (Not pyroute2: its package imports
+    all of pyroute2, half the daemon's import time; docs/performance.md.)
     """
     try:
         return await asyncio.get_running_loop().run_in_executor(
             None, _resolve_family_sync, name)
-    except NetlinkError as exc:
-        if exc.code == errno.ENOENT:
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
             raise FamilyNotFound(
                 f"generic netlink family {name!r} not found: is vgpu.ko loaded?"
                 " (the kernel loads it on demand only when modprobe finds it)"
             ) from None
+        raise ChannelError(f"resolving generic netlink family {name!r}: {exc}") from exc
+    except DecodeError as exc:
         raise ChannelError(f"resolving generic netlink family {name!r}: {exc}") from exc
 
 

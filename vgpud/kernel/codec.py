@@ -54,10 +54,12 @@ __all__ = [
     "VerdictEncoder",
     "decode_contexts",
     "decode_datagram",
+    "decode_family_id",
     "decode_obj_results",
     "decode_sched_results",
     "decode_stats",
     "decode_stats4",
+    "encode_get_family",
     "encode_get_stats",
     "encode_list_contexts",
     "encode_object",
@@ -85,8 +87,15 @@ NLM_F_CAPPED = 0x100
 NLM_F_ACK_TLVS = 0x200
 NLA_TYPE_MASK = 0x3FFF  # drops NLA_F_NESTED and NLA_F_NET_BYTEORDER
 NLMSGERR_ATTR_MSG = 1
+# nlctrl, the generic netlink controller (<linux/genetlink.h>): its family id
+# is fixed; the others' are assigned at registration and looked up by name.
+GENL_ID_CTRL = 0x10
+CTRL_CMD_GETFAMILY = 3
+CTRL_ATTR_FAMILY_ID = 1
+CTRL_ATTR_FAMILY_NAME = 2
 
 _HDRS = NLMSG_HDR.size + GENL_HDR.size
+_U16 = struct.Struct("=H")
 
 
 class Opener(NamedTuple):
@@ -207,6 +216,7 @@ _REVOKE_REASONS = frozenset(int(r) for r in RevokeReason)
 _NODES = {int(n): n for n in Node}
 _ATTR_MAX = int(uapi.ATTR_MAX)
 _ANY_ATTR = frozenset(range(1, _ATTR_MAX + 1))
+_ALL_ATTRS = frozenset(range(1, NLA_TYPE_MASK + 1))  # any netlink attribute type
 # The attributes each upcall kind may carry, as bit masks (1 << attribute type).
 _UPCALL_ATTR_BITS = {
     int(kind): sum(1 << attr for attr in attrs) for kind, attrs in {
@@ -419,11 +429,38 @@ def _decode_ack(buf: bytes, off: int, end: int, seq: int, flags: int) -> NlAck:
             raise DecodeError(f"NLMSG_ERROR echoes a request of bad length {req_len}")
     message = None
     if flags & NLM_F_ACK_TLVS:
-        tlvs = _attrs(buf, _align(req_end), end, frozenset(range(1, NLA_TYPE_MASK + 1)))
+        tlvs = _attrs(buf, _align(req_end), end, _ALL_ATTRS)
         text = tlvs.get(NLMSGERR_ATTR_MSG)
         if text is not None:
             message = text.split(b"\0", 1)[0].decode("utf-8", "replace")
     return NlAck(seq, -error, req_type, buf[req_off:req_end], message)
+
+
+def encode_get_family(name: str, seq: int) -> bytes:
+    """nlctrl's CTRL_CMD_GETFAMILY for the family called ``name``."""
+    raw = name.encode() + b"\0"
+    nla = NLA_HDR.pack(NLA_HDR.size + len(raw), CTRL_ATTR_FAMILY_NAME) + raw
+    body = GENL_HDR.pack(CTRL_CMD_GETFAMILY, 1, 0) + nla.ljust(_align(len(nla)), b"\0")
+    return NLMSG_HDR.pack(NLMSG_HDR.size + len(body), GENL_ID_CTRL, NLM_F_REQUEST, seq,
+                          0) + body
+
+
+def decode_family_id(buf: bytes, seq: int) -> int | NlAck:
+    """The family id in nlctrl's answer to ``encode_get_family(name, seq)``,
+    or the kernel's NLMSG_ERROR (ENOENT: no such family)."""
+    if len(buf) < NLMSG_HDR.size:
+        raise DecodeError(f"nlctrl reply of {len(buf)} bytes")
+    length, kind, flags, got, _pid = NLMSG_HDR.unpack_from(buf)
+    if length < NLMSG_HDR.size or length > len(buf) or got != seq:
+        raise DecodeError(f"nlctrl reply of length {length}, sequence {got} (asked {seq})")
+    if kind == NLMSG_ERROR:
+        return _decode_ack(buf, NLMSG_HDR.size, length, got, flags)
+    if kind != GENL_ID_CTRL or length < _HDRS:
+        raise DecodeError(f"nlctrl reply of type {kind}, length {length}")
+    family = _attrs(buf, _HDRS, length, _ALL_ATTRS).get(CTRL_ATTR_FAMILY_ID, b"")
+    if len(family) < _U16.size:
+        raise DecodeError("nlctrl reply without a family id")
+    return int(_U16.unpack_from(family)[0])
 
 
 def decode_datagram(buf: bytes, family_id: int) -> list[Message | DecodeError]:
