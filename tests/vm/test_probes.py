@@ -11,6 +11,7 @@ wait_ns counter (/proc/driver/nvsim/groups).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -226,6 +227,17 @@ def in_ioctl(pid: int) -> bool:
         return False
 
 
+def stopped(pid: int) -> bool:
+    """Every thread of the process is stopped (SIGSTOP takes effect at each
+    thread's next entry to the kernel: a thread running on another vCPU
+    may answer one more call first)."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended
+            states.append((task / "stat").read_text().rpartition(")")[2].split()[0])
+    return all(state == "T" for state in states)
+
+
 def test_upcall_wait_moves_only_when_the_daemon_is_slow(probe_daemon: Daemon) -> None:
     stalled, n = 3, 10
     # Buckets from here on hold 2^29 ns (537 ms) and more: far above any verdict
@@ -241,6 +253,7 @@ def test_upcall_wait_moves_only_when_the_daemon_is_slow(probe_daemon: Daemon) ->
         for _ in range(stalled):
             probe_daemon.proc.send_signal(signal.SIGSTOP)
             try:
+                wait_for(lambda: stopped(probe_daemon.proc.pid), 60, "the daemon to stop")
                 a.send(1)
                 wait_for(lambda: in_ioctl(a.pid), 60, "the call to wait for its verdict")
                 time.sleep(0.8)
