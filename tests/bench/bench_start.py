@@ -51,7 +51,7 @@ def main() -> None:
     for tree, runs in seen.items():
         ms = [r[0] for r in runs]
         rss = [r[1] for r in runs]
-        print(f"{str(tree):40} {statistics.median(ms):14.1f} {max(ms):8.1f} "
+        print(f"{tree!s:40} {statistics.median(ms):14.1f} {max(ms):8.1f} "
               f"{statistics.median(rss):12.1f}")
 
 
