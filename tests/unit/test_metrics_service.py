@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -31,7 +32,7 @@ from vgpud.host.systemd import Notifier
 from vgpud.kernel.channel import ChannelError
 from vgpud.kernel.uapi import Stats, Stats4, UpcallKind, VerdictAction
 from vgpud.metrics import wire
-from vgpud.metrics.exporter import NICE, Exporter
+from vgpud.metrics.exporter import MAX_CLIENTS, NICE, Exporter
 from vgpud.metrics.service import MetricsService
 from vgpud.metrics.snapshot import Snapshot, collect
 from vgpud.nvidia import layouts as L
@@ -285,31 +286,86 @@ def test_a_taken_port_is_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
                for m in caplog.messages)
 
 
-def test_a_silent_client_delays_scrapes_only() -> None:
-    """A connection that never sends its request holds the (serial) server
-    until its timeout, not the loop: snapshots go on, and the next scraper
-    is answered once the silent one is dropped."""
-    figures = Figures()
-
+async def serving(timeout: float) -> tuple[MetricsService, int]:
     async def counters() -> tuple[Stats, Stats4 | None]:
         return make_stats(), None
 
+    metrics = MetricsService("127.0.0.1", free_port(), Figures(), counters, interval=3600,
+                             request_timeout=timeout)
+    assert metrics.start()
+    assert metrics.address is not None
+    port = metrics.address[1]
+    assert (await asyncio.to_thread(get, f"http://127.0.0.1:{port}/metrics"))[0] == 200
+    return metrics, port
+
+
+def test_slow_clients_hold_up_no_scrape() -> None:
+    """A client that sends nothing and one that stops halfway through its
+    request, each with 30 s left: a scrape meanwhile is answered at once
+    (the exporter waits on no client), and a refresh goes on."""
     async def main() -> None:
-        metrics = MetricsService("127.0.0.1", free_port(), figures, counters, interval=3600,
-                                 request_timeout=0.5)
-        assert metrics.start()
-        assert metrics.address is not None
-        port = metrics.address[1]
-        with socket.create_connection(("127.0.0.1", port)):
-            scrape = asyncio.create_task(
-                asyncio.to_thread(get, f"http://127.0.0.1:{port}/metrics"))
-            calls = figures.calls
+        metrics, port = await serving(30.0)
+        with socket.create_connection(("127.0.0.1", port)) as silent, \
+                socket.create_connection(("127.0.0.1", port)) as halfway:
+            halfway.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
             await metrics.refresh()
-            assert figures.calls == calls + 1 and not scrape.done()
-            assert (await scrape)[0] == 200
+            status, body = await asyncio.wait_for(
+                asyncio.to_thread(get, f"http://127.0.0.1:{port}/metrics"), 10)
+            assert status == 200 and b"vgpud_memory_used_bytes" in body
+            silent.setblocking(False)
+            with pytest.raises(BlockingIOError):  # still open, still waited for
+                silent.recv(1)
         await metrics.stop()
 
-    asyncio.run(asyncio.wait_for(main(), 20))
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def trickle(conn: socket.socket, limit: float) -> float:
+    """Sends a header a byte every 50 ms until the server closes: how long it took."""
+    start = time.monotonic()
+    line = b"X-Pad: 1\r\n"
+    sent = 0
+    while (elapsed := time.monotonic() - start) < limit:
+        if select.select([conn], [], [], 0)[0]:
+            assert conn.recv(1) == b"", "answered a request that never ended"
+            return elapsed
+        try:
+            conn.send(line[sent % len(line):][:1])
+        except OSError:
+            return elapsed
+        sent += 1
+        time.sleep(0.05)
+    return limit
+
+
+def test_a_slow_client_is_cut_at_its_deadline() -> None:
+    """A request trickled a byte at a time never ends: the client is cut at
+    its deadline (0.5 s), though each byte comes well within it."""
+    async def main() -> None:
+        metrics, port = await serving(0.5)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as slow:
+            slow.sendall(b"GET /metrics HTTP/1.1\r\n")
+            took = await asyncio.to_thread(trickle, slow, 20.0)
+        assert took < 10, f"still served after {took:.1f} s"
+        await metrics.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_past_the_cap_the_oldest_client_goes() -> None:
+    async def main() -> None:
+        metrics, port = await serving(30.0)
+        conns = [socket.create_connection(("127.0.0.1", port), timeout=10)
+                 for _ in range(MAX_CLIENTS + 1)]
+        try:
+            assert await asyncio.to_thread(conns[0].recv, 1) == b""
+            assert (await asyncio.to_thread(get, f"http://127.0.0.1:{port}/metrics"))[0] == 200
+        finally:
+            for conn in conns:
+                conn.close()
+        await metrics.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
 
 
 def mem_alloc(size: int, h_new: int = 0) -> tuple[bytes, bytes]:

@@ -5,13 +5,20 @@ systemd passes (vgpud-metrics.socket, Accept=yes: fd 3), whose peer must be
 root; or ``--conn-fd N --daemon-pid P``, a child of the daemon on a
 socketpair (vgpud.metrics.service). The daemon sends the listening socket
 it bound first (vgpud.metrics.wire.HELLO with SCM_RIGHTS), then snapshots.
-One thread: it takes the connection's frames first, then answers one
-request at a time (``--timeout`` bounds a client that sends nothing),
-rendering a snapshot the first time it is scraped and serving the same
-bytes until the next. A frame that does not decode is logged and dropped;
-the last good snapshot stays. It exits at the connection's end of stream (a
-child also with the daemon: PR_SET_PDEATHSIG). It makes no socket of its
-own. Requests wait in the listen backlog until the first snapshot.
+One thread, which never waits on a client: every socket is non-blocking in
+one selector, and each round of the loop takes the connection's frames
+first, then at most one new client. Each client connection gets
+``--timeout`` seconds in all to send its request and take the answer (a
+client that sends nothing, trickles or never reads is cut then, and holds
+up no one meanwhile); at most MAX_CLIENTS are open at once, the oldest
+closed for a new one, and a new one is answered at once if its request is
+already there (as a scraper's is). http.server parses each request once it
+is whole. A snapshot is rendered the first time it is scraped and the same
+bytes are served until the next. A frame that does not decode is logged
+and dropped; the last good snapshot stays. It exits at the connection's end
+of stream (a child also with the daemon: PR_SET_PDEATHSIG). It makes no
+socket of its own. Requests wait in the listen backlog until the first
+snapshot.
 """
 
 from __future__ import annotations
@@ -19,15 +26,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import io
 import logging
 import os
 import selectors
 import signal
 import socket
-import socketserver
 import sys
+import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
@@ -48,6 +56,8 @@ _PR_SET_PDEATHSIG = 1
 _READ_SIZE = 1 << 20
 HELLO_MAX = 64  # bytes of the first frame's body (HELLO's: 17)
 NICE = 10  # below the daemon (0): see vgpud-metrics@.service
+MAX_CLIENTS = 64  # client connections open at once
+REQUEST_MAX = 16 << 10  # bytes of a request's line and headers
 
 
 class Exporter:
@@ -92,17 +102,28 @@ class _Collector:
         return families(self.snapshot)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
+class _Request(BaseHTTPRequestHandler):
+    """http.server's parsing and answer for one whole request in memory:
+    no socket, so nothing here can wait on the client."""
+
+    def __init__(self, raw: bytes, peer: tuple[str, int], exporter: Exporter) -> None:
+        # BaseRequestHandler's __init__ (which reads a socket) is skipped.
+        self.exporter = exporter
+        self.client_address = peer
+        self.rfile = io.BytesIO(raw)
+        self.answer = io.BytesIO()
+        self.wfile = self.answer
+        self.handle_one_request()
 
     def do_GET(self) -> None:
         if self.path.split("?", 1)[0] not in ("/metrics", "/"):
             self.send_error(404, "only /metrics here")
             return
-        body = self.server.exporter.render()
+        body = self.exporter.render()
         self.send_response(200)
         self.send_header("Content-Type", CONTENT_TYPE_LATEST)
         self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
 
@@ -110,16 +131,99 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("metrics: %s " + format, self.address_string(), *args)
 
 
-class _Server(HTTPServer):
-    """One request at a time, on a socket bound (and listening) by the daemon.
-    socketserver's own __init__ is skipped: it would make a socket (refused
-    in vgpud-metrics@.service, whose only address family is AF_UNIX)."""
+class _Client:
+    """One client connection: its request until the blank line, then the answer."""
 
-    def __init__(self, listener: socket.socket, exporter: Exporter, timeout: float) -> None:
-        self.exporter = exporter
-        handler = type("Handler", (_Handler,), {"timeout": timeout})
-        socketserver.BaseServer.__init__(self, listener.getsockname(), handler)
-        self.socket = listener
+    def __init__(self, sock: socket.socket, peer: tuple[str, int], deadline: float) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.deadline = deadline
+        self.request = bytearray()
+        self.answer: memoryview | None = None
+
+    def step(self, exporter: Exporter) -> bool:
+        """Reads or writes what the socket takes now; False when it is done."""
+        try:
+            if self.answer is None:
+                data = self.sock.recv(4096)
+                if not data:
+                    return False
+                self.request += data
+                if b"\r\n\r\n" not in self.request and b"\n\n" not in self.request:
+                    return len(self.request) <= REQUEST_MAX
+                raw = bytes(self.request)
+                self.answer = memoryview(_Request(raw, self.peer, exporter).answer.getvalue())
+            sent = self.sock.send(self.answer)
+            self.answer = self.answer[sent:]
+            return len(self.answer) > 0
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            return False
+
+
+class _Clients:
+    """The open client connections in the selector, each until its deadline."""
+
+    def __init__(self, sel: selectors.BaseSelector, exporter: Exporter, timeout: float) -> None:
+        self._sel = sel
+        self._exporter = exporter
+        self._timeout = timeout
+        self._open: dict[int, _Client] = {}
+
+    def accept(self, listener: socket.socket) -> None:
+        """One connection per round of the loop, so that the frames taken
+        first in each round include any sent before the client connected."""
+        try:
+            sock, peer = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except ConnectionAbortedError:  # the peer gone first
+            return
+        except OSError as exc:  # EMFILE, ENFILE, ENOMEM: a client makes room
+            log.warning("metrics exporter: accept: %s", exc)
+            if self._open:
+                self.close(min(self._open.values(), key=lambda c: c.deadline))
+            return
+        if len(self._open) >= MAX_CLIENTS:
+            self.close(min(self._open.values(), key=lambda c: c.deadline))
+        sock.setblocking(False)
+        self._open[sock.fileno()] = _Client(sock, peer[:2], time.monotonic() + self._timeout)
+        self._sel.register(sock, selectors.EVENT_READ)
+        # A scraper's request is there by now: it is answered before newer
+        # connections can push it out.
+        self.step(sock.fileno())
+
+    def step(self, fd: int) -> None:
+        client = self._open.get(fd)
+        if client is None:
+            return
+        reading = client.answer is None
+        if not client.step(self._exporter):
+            self.close(client)
+        elif reading and client.answer is not None:
+            self._sel.modify(client.sock, selectors.EVENT_WRITE)
+
+    def wait(self) -> float | None:
+        """Seconds until the next deadline; None without clients."""
+        if not self._open:
+            return None
+        return max(0.0, min(c.deadline for c in self._open.values()) - time.monotonic())
+
+    def expire(self) -> None:
+        now = time.monotonic()
+        for client in [c for c in self._open.values() if c.deadline <= now]:
+            log.debug("metrics: %s cut at its deadline", client.peer[0])
+            self.close(client)
+
+    def close(self, client: _Client) -> None:
+        del self._open[client.sock.fileno()]
+        self._sel.unregister(client.sock)
+        client.sock.close()
+
+    def close_all(self) -> None:
+        for client in list(self._open.values()):
+            self.close(client)
 
 
 class ProtocolError(Exception):
@@ -161,25 +265,39 @@ def receive_listener(conn: socket.socket) -> socket.socket:
 def serve(listener: socket.socket, conn_fd: int, timeout: float) -> None:
     """Until end of stream on ``conn_fd``, the daemon's connection."""
     exporter = Exporter()
-    server = _Server(listener, exporter, timeout)
     listener.setblocking(False)  # accept is polled: a connection gone meanwhile is no hang
     os.set_blocking(conn_fd, False)
     with selectors.DefaultSelector() as sel:
+        clients = _Clients(sel, exporter, timeout)
         sel.register(conn_fd, selectors.EVENT_READ)
-        while True:
-            if exporter.snapshot is not None and listener.fileno() not in sel.get_map():
-                sel.register(listener, selectors.EVENT_READ)
-            ready = {key.fd for key, _ in sel.select()}
-            while True:  # frames first: a scrape after a refresh sees its snapshot
-                try:
-                    data = os.read(conn_fd, _READ_SIZE)
-                except BlockingIOError:
-                    break
-                if not data:
+        try:
+            while True:
+                if exporter.snapshot is not None and listener.fileno() not in sel.get_map():
+                    sel.register(listener, selectors.EVENT_READ)
+                ready = [key.fd for key, _ in sel.select(clients.wait())]
+                if not _take_frames(conn_fd, exporter):
                     return
-                exporter.feed(data)
-            if listener.fileno() in ready and exporter.snapshot is not None:
-                server.handle_request()  # select(0) on the non-blocking listener, then one
+                for fd in ready:
+                    if fd == listener.fileno():
+                        clients.accept(listener)
+                    elif fd != conn_fd:
+                        clients.step(fd)
+                clients.expire()
+        finally:
+            clients.close_all()
+
+
+def _take_frames(conn_fd: int, exporter: Exporter) -> bool:
+    """Everything the daemon's connection holds now (frames first: a scrape
+    after a refresh sees its snapshot); False at its end of stream."""
+    while True:
+        try:
+            data = os.read(conn_fd, _READ_SIZE)
+        except BlockingIOError:
+            return True
+        if not data:
+            return False
+        exporter.feed(data)
 
 
 def _die_with_parent() -> None:
@@ -216,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
                     "end), instead of the one systemd passes")
     ap.add_argument("--daemon-pid", type=int, help="exit with this parent (with --conn-fd)")
     ap.add_argument("--timeout", type=float, default=REQUEST_TIMEOUT,
-                    help="seconds a client may take to send its request (default %(default)s)")
+                    help="seconds a client connection may last, its request and the answer "
+                    "(default %(default)s)")
     ap.add_argument("--log-level", default="INFO")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level,

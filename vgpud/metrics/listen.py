@@ -1,5 +1,5 @@
 """The [metrics] listen value: ``host:port``, an IP literal (IPv6 in brackets);
-and how long a scraper may take to send its request."""
+and how long a scraper's connection may last."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import ipaddress
 
 __all__ = ["REQUEST_TIMEOUT", "parse_listen"]
 
-REQUEST_TIMEOUT = 5.0  # seconds a client may take to send its request
+REQUEST_TIMEOUT = 5.0  # seconds a client connection may last: its request and the answer
 
 
 def parse_listen(value: str) -> tuple[str, int]:
