@@ -175,14 +175,12 @@ async def resolve_family(name: str = uapi.GENL_NAME) -> int:
     try:
         return await asyncio.get_running_loop().run_in_executor(
             None, _resolve_family_sync, name)
-    except OSError as exc:
-        if exc.errno == errno.ENOENT:
+    except (OSError, DecodeError) as exc:
+        if isinstance(exc, OSError) and exc.errno == errno.ENOENT:
             raise FamilyNotFound(
                 f"generic netlink family {name!r} not found: is vgpu.ko loaded?"
                 " (the kernel loads it on demand only when modprobe finds it)"
             ) from None
-        raise ChannelError(f"resolving generic netlink family {name!r}: {exc}") from exc
-    except DecodeError as exc:
         raise ChannelError(f"resolving generic netlink family {name!r}: {exc}") from exc
 
 

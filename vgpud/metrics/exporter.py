@@ -182,11 +182,10 @@ class _Clients:
             return
         except OSError as exc:  # EMFILE, ENFILE, ENOMEM: a client makes room
             log.warning("metrics exporter: accept: %s", exc)
-            if self._open:
-                self.close(min(self._open.values(), key=lambda c: c.deadline))
+            self._close_oldest()
             return
         if len(self._open) >= MAX_CLIENTS:
-            self.close(min(self._open.values(), key=lambda c: c.deadline))
+            self._close_oldest()
         sock.setblocking(False)
         self._open[sock.fileno()] = _Client(sock, peer[:2], time.monotonic() + self._timeout)
         self._sel.register(sock, selectors.EVENT_READ)
@@ -220,6 +219,10 @@ class _Clients:
         del self._open[client.sock.fileno()]
         self._sel.unregister(client.sock)
         client.sock.close()
+
+    def _close_oldest(self) -> None:
+        if self._open:
+            self.close(min(self._open.values(), key=lambda c: c.deadline))
 
     def close_all(self) -> None:
         for client in list(self._open.values()):
